@@ -1,0 +1,120 @@
+"""Replay windows through a runner and time each ``predict`` with ``time.perf_counter_ns``.
+
+Modes: ``max`` back to back; ``recorded`` at the capture's inter-arrival times (``t_ns``, divided by
+``speed``), each call starting when its tick is due; ``burst`` groups of ``burst_size`` back-to-back
+calls separated by ``burst_gap_us`` of idle time (caches and branch predictors go cold in the gap).
+Latency is the duration of the ``predict`` call; for ``recorded`` the start delay behind the due time
+is reported too (it is non-zero when the model cannot keep up).
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgehft.errors import InputError
+
+MODES = ("max", "recorded", "burst")
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+
+
+@dataclass
+class ReplayResult:
+    mode: str
+    latency_ns: np.ndarray           # (samples,) int64, after warm-up
+    start_delay_ns: np.ndarray | None
+    warmup: int
+
+    def summary(self) -> dict:
+        return {"mode": self.mode, "samples": int(len(self.latency_ns)), "warmup": self.warmup,
+                "latency_us": summarize_us(self.latency_ns),
+                "start_delay_us": summarize_us(self.start_delay_ns) if self.start_delay_ns is not None else None}
+
+
+def summarize_us(ns: np.ndarray) -> dict:
+    """p50/p90/p99/p99.9/max/mean/std in µs of a latency array in ns."""
+    us = np.asarray(ns, dtype=np.float64) / 1e3
+    out = {f"p{p:g}": float(np.percentile(us, p)) for p in PERCENTILES}
+    out.update(max=float(us.max()), mean=float(us.mean()), std=float(us.std()))
+    return out
+
+
+def _spin_until(t_ns: int) -> None:
+    while True:
+        left = t_ns - time.perf_counter_ns()
+        if left <= 0:
+            return
+        if left > 2_000_000:
+            time.sleep((left - 1_000_000) / 1e9)
+
+
+def replay(predict, windows: np.ndarray, t_ns: np.ndarray | None = None, mode: str = "max",
+           warmup: int = 200, samples: int | None = None, speed: float = 1.0,
+           burst_size: int = 32, burst_gap_us: float = 1000.0) -> ReplayResult:
+    """Call ``predict(windows[i])`` for warm-up + samples windows (cycling) and time each call.
+
+    Raises:
+        InputError: unknown mode, or ``recorded`` without timestamps.
+    """
+    if mode not in MODES:
+        raise InputError(f"unknown replay mode {mode!r}", hint=f"choose one of {', '.join(MODES)}")
+    if mode == "recorded" and t_ns is None:
+        raise InputError("--replay recorded needs tick timestamps",
+                         hint="use a raw feed with the model's feature pipeline, or an .npz with 't_ns'")
+    n = len(windows)
+    samples = samples or n
+    total = warmup + samples
+    lat = np.empty(total, dtype=np.int64)
+    delay = np.zeros(total, dtype=np.int64) if mode == "recorded" else None
+    if mode == "recorded":
+        gaps = np.diff(np.asarray(t_ns, dtype=np.int64), prepend=int(t_ns[0]))
+        gaps = np.clip(gaps, 0, None) / speed
+    perf = time.perf_counter_ns
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        due = perf()
+        for i in range(total):
+            x = windows[i % n]
+            if mode == "recorded":
+                due += int(gaps[i % n]) if i % n else 0
+                _spin_until(due)
+            elif mode == "burst" and i and i % burst_size == 0:
+                _spin_until(perf() + int(burst_gap_us * 1e3))
+            t0 = perf()
+            predict(x)
+            t1 = perf()
+            lat[i] = t1 - t0
+            if delay is not None:
+                delay[i] = max(0, t0 - due)
+    finally:
+        if gc_was:
+            gc.enable()
+    return ReplayResult(mode, lat[warmup:], delay[warmup:] if delay is not None else None, warmup)
+
+
+def histogram_png(result: ReplayResult, path: str, title: str) -> None:
+    """A latency histogram (log count axis, percentile markers) as a PNG. Needs matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise InputError("--plot needs matplotlib", hint="pip install 'edgehft[bench]'") from exc
+    us = result.latency_ns / 1e3
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    hi = np.percentile(us, 99.99)
+    ax.hist(np.clip(us, None, hi), bins=200, color="#4477aa")
+    ax.set_yscale("log")
+    for p, c in zip(PERCENTILES, ("#228833", "#ccbb44", "#ee6677", "#aa3377")):
+        v = np.percentile(us, p)
+        ax.axvline(v, color=c, lw=1.2, label=f"p{p:g} {v:.1f} µs")
+    ax.set_xlabel("predict latency (µs)")
+    ax.set_ylabel("calls")
+    ax.set_title(title, fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,64 @@
+"""The board catalog: one TOML file per board in ``boards/`` (ground floor).
+
+A board names its runtime backend, the quantization modes it takes, its latency budget and SSH
+defaults. The files ship inside the wheel (``edgehft/_boards``) and are read from the source tree in a
+development checkout.
+"""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgehft.errors import InputError
+
+_PKG = Path(__file__).resolve().parent
+BOARD_DIRS = (_PKG / "_boards", _PKG.parent / "boards")
+
+
+class Board(BaseModel):
+    """One board definition (a ``boards/<name>.toml``)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    backend: str
+    description: str = ""
+    quantization: list[str]
+    default_quantization: str
+    io_dtypes: list[str] = Field(default_factory=lambda: ["int8"])
+    runtime: dict = Field(default_factory=dict)
+    latency_budget_us: dict[str, float] = Field(default_factory=dict)
+    ssh: dict = Field(default_factory=dict)
+    path: str = ""
+
+
+def _board_files() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in BOARD_DIRS:
+        if d.is_dir():
+            for f in sorted(d.glob("*.toml")):
+                found.setdefault(f.stem, f)
+    return found
+
+
+def list_boards() -> list[Board]:
+    """Every board in the catalog, sorted by name."""
+    return [load_board(n) for n in sorted(_board_files())]
+
+
+def load_board(name: str) -> Board:
+    """The board called ``name``.
+
+    Raises:
+        InputError: no such board (the message lists the known ones), or its file is invalid.
+    """
+    files = _board_files()
+    if name not in files:
+        raise InputError(f"unknown board {name!r}", hint=f"known boards: {', '.join(sorted(files)) or 'none'}")
+    path = files[name]
+    try:
+        data = tomllib.loads(path.read_text())
+        return Board(**data, path=str(path))
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        raise InputError(f"board file {path} is invalid: {exc}") from exc

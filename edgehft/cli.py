@@ -1,0 +1,297 @@
+"""The ``edgehft`` command line: compile, run, bench, report, boards. ``--json`` on each for machines;
+exit codes as in :mod:`edgehft.errors`."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from edgehft import __version__
+from edgehft.errors import EdgeHFTError, GoldenMismatchError
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _fail(exc: EdgeHFTError, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"error": exc.args[0] if exc.args else str(exc), "type": type(exc).__name__,
+                               "hint": exc.hint, "exit_code": exc.exit_code}))
+    else:
+        err.print(f"[bold red]error:[/] {exc.args[0] if exc.args else exc}", highlight=False, markup=True)
+        if exc.hint:
+            err.print(f"  [yellow]hint:[/] {exc.hint}", highlight=False)
+    sys.exit(exc.exit_code)
+
+
+def handles_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except EdgeHFTError as exc:
+            _fail(exc, kwargs.get("as_json", False))
+    return wrapper
+
+
+# Options defined once and shared.
+json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
+board_opt = click.option("--board", default=None, help="Board name (see `edgehft boards`); default: the bundle's.")
+threads_opt = click.option("--threads", default=1, show_default=True, help="Interpreter threads.")
+affinity_opt = click.option("--affinity", default=None,
+                            help="Pin to these CPUs, e.g. '1' or '0,1' (os.sched_setaffinity).")
+ticks_opt = click.option("--ticks", "ticks", multiple=True, type=click.Path(exists=True, dir_okay=False),
+                         help="Windows (.npy/.npz) or raw feed files for the bundle's feature pipeline; "
+                              "repeat for several files, read as one stream.")
+
+
+def _affinity(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise click.BadParameter(f"--affinity {text!r}: expected CPU ids like '1' or '0,1'")
+
+
+def _bundle_windows(bundle, ticks):
+    from edgehft.windows import load_windows, parse_pipeline
+    pipeline = None
+    f = bundle.manifest.features
+    if f is not None:
+        pipeline = parse_pipeline(f"{bundle.path / f.file}:{f.callable}") if f.file else parse_pipeline(f.callable)
+    return load_windows(list(ticks), pipeline)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgehft")
+def main() -> None:
+    """Put trained Keras models on low-latency trading boards."""
+
+
+@main.command("compile")
+@click.argument("model", type=click.Path(exists=True))
+@click.option("--board", default="cpu", show_default=True, help="Target board (see `edgehft boards`).")
+@click.option("--calib", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Calibration ticks: windows (.npy/.npz) or raw feed files; repeat for several.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
+@click.option("--quant", type=click.Choice(["int8", "dynamic", "fp16", "float"]), default=None,
+              help="Quantization (default: the board's, int8 for cpu).")
+@click.option("--features", default=None, help="Feature pipeline 'file.py:function' (default: the model's sidecar).")
+@click.option("--calib-windows", default=300, show_default=True, help="Windows used for calibration.")
+@click.option("--drift-windows", default=500, show_default=True, help="Held-out windows for the drift check.")
+@click.option("--golden", "golden_count", default=16, show_default=True, help="Golden vectors to store.")
+@click.option("--drift-threshold", default=0.01, show_default=True, help="Gate on relative MAE (0.01 = 1 %).")
+@click.option("--strict", is_flag=True, help="Drift over the threshold is an error (exit 5), not a warning.")
+@click.option("--timeout", "timeout_s", default=1800.0, show_default=True, help="Converter time limit, s.")
+@click.option("--lowering", type=click.Choice(["auto", "native"]), default="auto", show_default=True,
+              help="native: convert a Keras 3 graph as is (diagnosis only; LSTM becomes WHILE).")
+@json_opt
+@handles_errors
+def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, drift_windows, golden_count,
+                drift_threshold, strict, timeout_s, lowering, as_json):
+    """Quantize MODEL (.keras, .h5 or SavedModel dir) for a board and write a bundle."""
+    from edgehft.compiler.pipeline import CompileOptions, compile_model
+    from edgehft.report import print_report
+    opts = CompileOptions(board=board, quant=quant, features=features, calib_windows=calib_windows,
+                          drift_windows=drift_windows, golden_count=golden_count,
+                          drift_threshold=drift_threshold, strict=strict, timeout_s=timeout_s, lowering=lowering)
+    if as_json:
+        res = compile_model(model, list(calib), out_dir, opts)
+    else:
+        with err.status("compiling") as status:
+            res = compile_model(model, list(calib), out_dir, opts,
+                                progress=lambda s: (status.update(f"compiling: {s}"), err.log(s)))
+    if as_json:
+        click.echo(json.dumps({"bundle": str(res.bundle.path), "warnings": res.warnings,
+                               "report": res.report.model_dump()}))
+        return
+    print_report(res.report, out)
+    for w in res.warnings:
+        err.print(f"[bold yellow]warning:[/] {w}")
+    m = res.bundle.manifest
+    out.print(f"bundle [bold]{res.bundle.path}[/]: board {m.board}, {m.quantization.mode}, "
+              f"{m.quantization.calibration_windows} calibration windows "
+              f"(sha256 {m.quantization.calibration_sha256[:12]}…), {m.golden.count} golden vectors")
+
+
+@main.command("run")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@ticks_opt
+@click.option("--golden", is_flag=True, help="Run the bundle's golden vectors and compare (exit 8 on mismatch).")
+@click.option("--limit", default=20, show_default=True, help="Predictions to print (0: all).")
+@board_opt
+@threads_opt
+@affinity_opt
+@json_opt
+@handles_errors
+def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, as_json):
+    """Print predictions for TICKS, or check the golden vectors with --golden."""
+    from edgehft import runtime
+    if not ticks and not golden:
+        raise click.UsageError("give --ticks FILE or --golden")
+    with runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity)) as r:
+        if golden:
+            result = check_golden(r)
+            if as_json:
+                click.echo(json.dumps(result))
+            else:
+                out.print(f"golden vectors: {result['matched']}/{result['count']} reproduced "
+                          f"({result['compare']}) on {result['path']}"
+                          + (" [green]OK[/]" if result["ok"] else " [red]MISMATCH[/]"))
+            if not result["ok"]:
+                raise GoldenMismatchError(f"{result['count'] - result['matched']} of {result['count']} golden "
+                                          f"vectors differ (max diff {result['max_diff']})",
+                                          hint="the interpreter path differs from the one that made the "
+                                               "bundle: " + result["expected_path"])
+            return
+        w = _bundle_windows(r.bundle, ticks)
+        n = len(w) if limit == 0 else min(limit, len(w))
+        names = [o.name for o in r.bundle.manifest.outputs]
+        rows = []
+        for i in range(n):
+            y = r.predict(w.x[i])
+            ys = y if isinstance(y, tuple) else (y,)
+            rows.append({"window": i, "t_ns": int(w.t_ns[i]) if w.t_ns is not None else None,
+                         **{nm: v[0].tolist() for nm, v in zip(names, ys)}})
+        if as_json:
+            click.echo(json.dumps({"board": r.board, "emulated": r.emulated, "windows": len(w),
+                                   "predictions": rows}))
+            return
+        t = Table(title=f"{r.bundle.path.name} on {r.board}: {n} of {len(w)} windows", title_justify="left")
+        t.add_column("window", justify="right")
+        t.add_column("tick time (ns)", justify="right")
+        for nm in names:
+            t.add_column(nm)
+        for row in rows:
+            t.add_row(str(row["window"]), "" if row["t_ns"] is None else str(row["t_ns"]),
+                      *(np.array2string(np.asarray(row[nm]), precision=4, separator=" ") for nm in names))
+        out.print(t)
+
+
+def check_golden(runner) -> dict:
+    """Run the bundle's golden inputs through ``runner``; compare as the manifest says."""
+    g = runner.bundle.manifest.golden
+    ins, outs = runner.bundle.golden()
+    in_names = [s.name for s in runner.bundle.manifest.inputs]
+    out_names = [s.name for s in runner.bundle.manifest.outputs]
+    matched, worst = 0, 0.0
+    for n in range(g.count):
+        res = runner.predict_raw(*(ins[k][n:n + 1] for k in in_names))
+        res = res if isinstance(res, tuple) else (res,)
+        diffs = [float(np.abs(r.astype(np.float64) - outs[k][n:n + 1].astype(np.float64)).max())
+                 for r, k in zip(res, out_names)]
+        d = max(diffs)
+        worst = max(worst, d)
+        matched += int(d == 0.0 if g.compare == "exact" else d <= g.atol)
+    path = runner.describe().get("interpreter", runner.board)
+    return {"count": g.count, "matched": matched, "ok": matched == g.count, "compare": g.compare,
+            "max_diff": worst, "path": path, "expected_path": g.reference_path}
+
+
+@main.command("bench")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@ticks_opt
+@click.option("--replay", "mode", type=click.Choice(["max", "recorded", "burst"]), default="max",
+              show_default=True, help="Back to back, at the recorded inter-arrival times, or in bursts.")
+@click.option("--warmup", default=200, show_default=True, help="Calls before timing starts.")
+@click.option("--samples", default=0, help="Timed calls (default: one per window, cycling if needed).")
+@click.option("--speed", default=1.0, show_default=True, help="recorded: replay this many times faster.")
+@click.option("--burst-size", default=32, show_default=True, help="burst: calls per burst.")
+@click.option("--burst-gap-us", default=1000.0, show_default=True, help="burst: idle time between bursts.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency histogram PNG.")
+@board_opt
+@threads_opt
+@affinity_opt
+@json_opt
+@handles_errors
+def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, board, threads,
+              affinity, as_json):
+    """Replay real ticks through BUNDLE and print latency percentiles in µs."""
+    from edgehft import runtime
+    from edgehft.bench.fingerprint import machine_fingerprint
+    from edgehft.bench.replay import histogram_png, replay
+    if not ticks:
+        raise click.UsageError("give --ticks FILE")
+    with runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity)) as r:
+        w = _bundle_windows(r.bundle, ticks)
+        x = np.ascontiguousarray(w.x, dtype=np.float32)
+        res = replay(r.predict, x, w.t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,
+                     burst_size=burst_size, burst_gap_us=burst_gap_us)
+        report = {"bundle": str(r.bundle.path), "runner": r.describe(), **res.summary(),
+                  "speed": speed if mode == "recorded" else None, "fingerprint": machine_fingerprint()}
+    if plot:
+        histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, replay {mode}, "
+                                 f"{len(res.latency_ns)} calls")
+        report["plot"] = plot
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    print_bench(report)
+
+
+def print_bench(report: dict) -> None:
+    lat = report["latency_us"]
+    t = Table(title=f"latency of predict, µs — {report['samples']} samples after {report['warmup']} warm-up, "
+                    f"replay {report['mode']}" + (" [bold](EMULATED board)[/]" if report["runner"]["emulated"] else ""),
+              title_justify="left")
+    for c in ("p50", "p90", "p99", "p99.9", "max", "mean", "std"):
+        t.add_column(c, justify="right")
+    t.add_row(*(f"{lat[k]:.1f}" for k in ("p50", "p90", "p99", "p99.9", "max", "mean", "std")))
+    out.print(t)
+    if report.get("start_delay_us"):
+        d = report["start_delay_us"]
+        out.print(f"start delay behind the recorded tick time: p50 {d['p50']:.1f} µs, p99 {d['p99']:.1f} µs")
+    fp = report["fingerprint"]
+    r = report["runner"]
+    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']}, "
+              f"affinity {fp['affinity']}{', virtualized' if fp['virtualized'] else ''}); "
+              f"{r.get('interpreter', r['board'])}, threads {r['threads']}; libraries "
+              + ", ".join(f"{k} {v}" for k, v in fp["libraries"].items()))
+    if report.get("plot"):
+        out.print(f"histogram: {report['plot']}")
+
+
+@main.command("report")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@json_opt
+@handles_errors
+def report_cmd(bundle, as_json):
+    """Show a bundle's op placement report and drift figures."""
+    from edgehft.bundle import load_bundle
+    from edgehft.report import Report, print_report
+    b = load_bundle(bundle)
+    rep = Report(**b.report())
+    if as_json:
+        click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
+        return
+    print_report(rep, out)
+
+
+@main.command("boards")
+@json_opt
+@handles_errors
+def boards_cmd(as_json):
+    """List the board catalog."""
+    from edgehft.boards import list_boards
+    boards = list_boards()
+    if as_json:
+        click.echo(json.dumps([b.model_dump() for b in boards]))
+        return
+    t = Table(title="boards", title_justify="left")
+    for c in ("name", "backend", "quantization", "p99 budget µs", "description"):
+        t.add_column(c)
+    for b in boards:
+        t.add_row(b.name, b.backend, ", ".join(b.quantization), str(b.latency_budget_us.get("p99", "")),
+                  b.description)
+    out.print(t)
+
+
+if __name__ == "__main__":
+    main()

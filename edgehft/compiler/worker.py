@@ -1,0 +1,161 @@
+"""The converter worker: ``python -m edgehft.compiler.worker REQUEST.json``, run by
+:mod:`edgehft.compiler.isolate` in its own process so a crash or hang of TensorFlow cannot take the
+CLI with it.
+
+Request (JSON): ``model``, ``quant``, ``lowering`` (auto | tf-keras | native), ``calib_npz`` and
+``eval_npz`` (arrays ``x``), ``out`` (directory). Writes into ``out``: ``stage`` (the step it is in),
+``model.tflite``, ``float_outputs.npz`` (Keras outputs ``out0``… on the eval windows), ``info.json``,
+or ``error.json`` (type, message, hint) and exit status 3.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import numpy as np
+
+from edgehft import errors
+
+RECURRENT = ("LSTM", "GRU", "SimpleRNN", "RNN", "Bidirectional", "ConvLSTM1D", "ConvLSTM2D")
+
+
+def _stage(out: Path, name: str) -> None:
+    (out / "stage").write_text(name)
+
+
+def _versions() -> dict[str, str]:
+    v = {}
+    for pkg in ("tensorflow", "tensorflow-cpu", "keras", "tf-keras", "numpy"):
+        try:
+            v[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return v
+
+
+def _load(req: dict, out: Path, calib: np.ndarray):
+    """Return (callable model, keras model or None, flavour, lowering, layer list)."""
+    from edgehft.compiler import lowering as low
+    path = Path(req["model"])
+    flavour = low.detect_flavour(path)
+    _stage(out, f"load {flavour} model")
+    if flavour == "saved-model":
+        import tensorflow as tf
+        loaded = tf.saved_model.load(str(path))
+        if "serving_default" not in loaded.signatures:
+            raise errors.InputError(f"SavedModel {path} has no 'serving_default' signature")
+        return None, loaded, flavour, "saved-model signature", []
+    if flavour == "tf-keras":
+        model = low.load_tf_keras(path)
+        return model, model, flavour, "tf-keras (as saved)", [(l.name, type(l).__name__) for l in model.layers]
+    k3 = low.load_keras3(path)
+    layers = [(l.name, type(l).__name__) for l in k3.layers]
+    if req.get("lowering") == "native":
+        return k3, k3, flavour, "keras3 native (no rebuild)", layers
+    _stage(out, "rebuild Keras 3 model in tf-keras")
+    tfk = low.keras3_to_tf_keras(k3)
+    diff = low.check_rebuild(k3, tfk, calib[:8])
+    return tfk, tfk, flavour, f"keras3 -> tf-keras rebuild (max diff {diff:.2g})", layers
+
+
+def _input_spec(model, path: Path):
+    ins = model.inputs
+    if len(ins) != 1:
+        raise errors.InputError(f"{path}: the model has {len(ins)} inputs; edgehft compiles single-input models",
+                                hint="concatenate the inputs into one window tensor")
+    shape = tuple(ins[0].shape)
+    if any(d is None for d in shape[1:]):
+        raise errors.InputError(f"{path}: input shape {shape} is not static",
+                                hint="give keras.Input a full shape, e.g. keras.Input((100, 40, 1))")
+    return shape[1:], ins[0].name.split(":")[0]
+
+
+def _float_outputs(fn, x: np.ndarray) -> list[np.ndarray]:
+    outs = []
+    for lo in range(0, len(x), 256):
+        y = fn(x[lo:lo + 256], training=False)
+        y = list(y.values()) if isinstance(y, dict) else (list(y) if isinstance(y, (list, tuple)) else [y])
+        outs.append([np.asarray(t, dtype=np.float32) for t in y])
+    return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
+
+
+def convert(req: dict, out: Path) -> None:
+    with np.load(req["calib_npz"]) as z:
+        calib = z["x"].astype(np.float32)
+    with np.load(req["eval_npz"]) as z:
+        held = z["x"].astype(np.float32)
+    _stage(out, "import tensorflow")
+    import tensorflow as tf
+
+    model, convertible, flavour, lowering, layers = _load(req, out, calib)
+    if model is None:                                   # plain SavedModel
+        fn = convertible.signatures["serving_default"]
+        (in_name, in_spec), = fn.structured_input_signature[1].items()
+        in_shape = tuple(in_spec.shape[1:])
+        out_names = sorted(fn.structured_outputs)
+        _stage(out, "float reference outputs")
+        ys = [fn(**{in_name: tf.constant(held[i:i + 1])}) for i in range(len(held))]
+        float_outs = [np.concatenate([np.asarray(y[k]) for y in ys]) for k in out_names]
+        concrete = fn
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], convertible)
+    else:
+        in_shape, in_name = _input_spec(model, Path(req["model"]))
+        out_names = [t.name.split(":")[0].split("/")[0] for t in model.outputs]
+        _stage(out, "float reference outputs")
+        float_outs = _float_outputs(model, held)
+        run = tf.function(lambda x: model(x, training=False))
+        concrete = run.get_concrete_function(tf.TensorSpec((1, *in_shape), tf.float32, name=in_name))
+        converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete], convertible)
+    if tuple(calib.shape[1:]) != tuple(in_shape):
+        raise errors.InputError(f"calibration windows have shape {calib.shape[1:]}, the model takes {in_shape}",
+                                hint="check the feature pipeline or the .npy given to --calib")
+    quant = req["quant"]
+    if quant == "int8":
+        def representative():
+            for i in range(len(calib)):
+                yield [calib[i:i + 1]]
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = representative
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.inference_input_type = tf.int8
+        converter.inference_output_type = tf.int8
+    elif quant == "dynamic":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    elif quant == "fp16":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_types = [tf.float16]
+    _stage(out, f"convert ({quant})")
+    try:
+        flat = converter.convert()
+    except Exception as exc:
+        msg = str(exc).strip().splitlines()
+        raise errors.ConverterError("the TFLite converter refused the model: " + " | ".join(msg[-6:])[:2000],
+                                    hint="the message above names the op; see `edgehft boards` for what each "
+                                         "quantization mode supports") from exc
+    (out / "model.tflite").write_bytes(flat)
+    np.savez(out / "float_outputs.npz", **{f"out{i}": y for i, y in enumerate(float_outs)})
+    info = {"flavour": flavour, "lowering": lowering, "input_name": in_name, "input_shape": list(in_shape),
+            "output_names": out_names, "layers": layers, "versions": _versions()}
+    (out / "info.json").write_text(json.dumps(info, indent=1))
+    _stage(out, "done")
+
+
+def main(argv: list[str]) -> int:
+    req = json.loads(Path(argv[1]).read_text())
+    out = Path(req["out"])
+    try:
+        convert(req, out)
+        return 0
+    except errors.EdgeHFTError as exc:
+        err = {"type": type(exc).__name__, "message": exc.args[0] if exc.args else str(exc), "hint": exc.hint}
+    except Exception as exc:  # an unexpected failure inside TensorFlow/Keras
+        err = {"type": "ConverterError", "message": f"{type(exc).__name__}: {exc}"[:3000],
+               "hint": "this is a failure inside TensorFlow/Keras; the converter log is in the message"}
+    (out / "error.json").write_text(json.dumps(err))
+    return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

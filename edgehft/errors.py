@@ -1,0 +1,73 @@
+"""The errors edgehft raises. Each carries a hint that says how to fix it and a CLI exit code.
+
+Exit codes (also in the README): 0 ok, 2 usage, 3 bad input (model file, ticks, shapes, dtypes, NaN),
+4 converter failure (crash, hang, lowering), 5 drift gate failed under ``--strict``, 6 bundle does not
+match its manifest, 7 board or library unavailable, 8 golden vectors not reproduced.
+"""
+from __future__ import annotations
+
+
+class EdgeHFTError(Exception):
+    """Base class: ``str(err)`` is the problem, ``err.hint`` how to fix it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+    def __str__(self) -> str:
+        msg = super().__str__()
+        return f"{msg}\n  hint: {self.hint}" if self.hint else msg
+
+
+class InputError(EdgeHFTError, ValueError):
+    """A model file, tick file or tensor the user gave cannot be used as it is."""
+
+    exit_code = 3
+
+
+class ShapeError(InputError):
+    """An input window has the wrong shape."""
+
+
+class DTypeError(InputError, TypeError):
+    """An input window has a dtype the model cannot take."""
+
+
+class NonFiniteInputError(InputError):
+    """An input window holds NaN or infinity."""
+
+
+class ConverterError(EdgeHFTError):
+    """The TensorFlow converter crashed, hung or refused the model."""
+
+    exit_code = 4
+
+
+class LoweringError(ConverterError):
+    """A layer cannot be lowered to the TFLite ops the board needs."""
+
+
+class DriftError(EdgeHFTError):
+    """The quantized model drifts from the float model beyond the threshold (``--strict``)."""
+
+    exit_code = 5
+
+
+class BundleError(EdgeHFTError):
+    """A bundle is malformed or its files do not match its manifest."""
+
+    exit_code = 6
+
+
+class BoardUnavailableError(EdgeHFTError):
+    """The board's runtime library or device is not available on this machine."""
+
+    exit_code = 7
+
+
+class GoldenMismatchError(EdgeHFTError):
+    """The runtime did not reproduce the bundle's golden vectors."""
+
+    exit_code = 8

@@ -1,0 +1,112 @@
+"""The report schema shared by every board (ground floor) and its rendering as tables.
+
+Per op: index, TFLite op name, source layer when known, placement (accelerator / cpu / unsupported),
+reason code, human reason, suggested fix, and the kernel that runs it. Per bundle: counts, segments,
+boundary copies, whether the verdict is predicted or confirmed, and the drift figures.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from rich.console import Console
+from rich.table import Table
+
+
+class OpPlacement(BaseModel):
+    index: int
+    op: str
+    version: int = 1
+    layer: str | None = None
+    placement: Literal["accelerator", "cpu", "unsupported"]
+    reason_code: str
+    reason: str
+    fix: str | None = None
+    kernel: str | None = None
+    dtype: str | None = None          # dtype of the op's first output
+
+
+class Segment(BaseModel):
+    index: int
+    placement: Literal["accelerator", "cpu", "unsupported"]
+    ops: list[int]
+
+
+class DriftOutput(BaseModel):
+    """Quantized vs float model for one output over the held-out windows."""
+
+    name: str
+    mae: float                        # mean |quantized - float|, output units
+    mae_rel: float                    # mae / (max - min of the float output)
+    max_abs: float
+    float_range: float
+    argmax_agreement: float | None = None   # classifiers only (softmax outputs)
+
+
+class Drift(BaseModel):
+    windows: int
+    threshold_rel_mae: float
+    passed: bool
+    reference: str                    # what the quantized model was compared with
+    candidate: str                    # the interpreter path that ran the quantized model
+    outputs: list[DriftOutput]
+
+
+class Report(BaseModel):
+    board: str
+    verdict: Literal["predicted", "confirmed"]
+    verdict_source: str
+    ops: list[OpPlacement]
+    counts: dict[str, int] = Field(default_factory=dict)
+    segments: list[Segment] = Field(default_factory=list)
+    boundary_copies: int = 0
+    drift: Drift | None = None
+    golden: dict = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+
+def segments_of(ops: list[OpPlacement]) -> list[Segment]:
+    """Maximal runs of consecutive ops with the same placement, in execution order."""
+    segs: list[Segment] = []
+    for op in ops:
+        if segs and segs[-1].placement == op.placement:
+            segs[-1].ops.append(op.index)
+        else:
+            segs.append(Segment(index=len(segs), placement=op.placement, ops=[op.index]))
+    return segs
+
+
+def ops_table(report: Report) -> Table:
+    t = Table(title=f"{report.board}: {len(report.ops)} ops, placement {report.verdict} "
+                    f"({report.verdict_source})", title_justify="left")
+    for col, kw in (("#", {"justify": "right"}), ("op", {}), ("layer", {}), ("dtype", {}),
+                    ("placement", {}), ("kernel", {}), ("reason", {})):
+        t.add_column(col, **kw)
+    for op in report.ops:
+        reason = op.reason + (f" — fix: {op.fix}" if op.fix else "")
+        t.add_row(str(op.index), op.op, op.layer or "", op.dtype or "", op.placement, op.kernel or "", reason)
+    return t
+
+
+def drift_table(drift: Drift) -> Table:
+    verdict = "[green]pass[/]" if drift.passed else "[red]FAIL[/]"
+    t = Table(title=f"drift: {drift.candidate} vs {drift.reference}, {drift.windows} held-out windows, "
+                    f"threshold rel. MAE {drift.threshold_rel_mae:.2%}: {verdict}", title_justify="left")
+    for col in ("output", "MAE", "rel. MAE", "max |err|", "float range", "argmax agree"):
+        t.add_column(col, justify="right" if col != "output" else "left")
+    for o in drift.outputs:
+        t.add_row(o.name, f"{o.mae:.3g}", f"{o.mae_rel:.3%}", f"{o.max_abs:.3g}", f"{o.float_range:.3g}",
+                  "" if o.argmax_agreement is None else f"{o.argmax_agreement:.2%}")
+    return t
+
+
+def print_report(report: Report, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(ops_table(report))
+    counts = ", ".join(f"{k}: {v}" for k, v in report.counts.items())
+    console.print(f"ops by kernel: {counts}; {len(report.segments)} segment(s), "
+                  f"{report.boundary_copies} boundary copies")
+    if report.drift:
+        console.print(drift_table(report.drift))
+    for n in report.notes:
+        console.print(f"note: {n}")

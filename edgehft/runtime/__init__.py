@@ -1,0 +1,44 @@
+"""The board runtime: ``open(bundle, board) -> Runner`` with ``predict`` / ``close``.
+
+Never imports TensorFlow. One module per backend (``edgehft/runtime/<backend>.py``), found by name from
+the board's ``backend`` field; each exposes a ``Runner`` subclass of :class:`edgehft.runtime.base.Runner`.
+
+    from edgehft import runtime
+    with runtime.open("deeplob.bundle", threads=1, affinity=[1]) as r:
+        probs = r.predict(window)        # float32 (1, 3), a reused buffer
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from edgehft.boards import load_board
+from edgehft.bundle import Bundle, load_bundle
+from edgehft.errors import BundleError
+from edgehft.runtime.base import Runner
+
+__all__ = ["open", "Runner"]
+
+
+def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int = 1,
+         affinity: list[int] | None = None, **options) -> Runner:  # noqa: A001 - mirrors builtins.open
+    """Open ``bundle`` on ``board`` (default: the board it was compiled for).
+
+    Args:
+        bundle: bundle directory or an already loaded :class:`Bundle` (re-verified here).
+        board: board name from the catalog; must be the bundle's board.
+        threads: interpreter threads (1 for the lowest jitter).
+        affinity: CPU ids to pin this process to (``os.sched_setaffinity``), or None to leave it.
+        options: backend-specific (cpu: ``op_resolver`` = ``auto`` | ``builtin`` | ``reference``).
+    Raises:
+        BundleError: malformed bundle, files that do not match the manifest, or a board mismatch.
+        BoardUnavailableError: the backend's library or device is missing on this machine.
+    """
+    b = load_bundle(bundle.path if isinstance(bundle, Bundle) else bundle, verify=True)
+    name = board or b.manifest.board
+    if name != b.manifest.board:
+        raise BundleError(f"bundle {b.path} was compiled for board {b.manifest.board!r}, not {name!r}",
+                          hint=f"compile it again with --board {name}")
+    spec = load_board(name)
+    module = importlib.import_module(f"edgehft.runtime.{spec.backend}")
+    return module.Runner(b, spec, threads=threads, affinity=affinity, **options)

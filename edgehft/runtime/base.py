@@ -1,0 +1,173 @@
+"""What every backend shares: input checks, (de)quantization into preallocated buffers, the context
+manager. Numerics follow the TFLite reference kernels (tensorflow/lite/kernels/internal/reference):
+QUANTIZE ``q = clamp(round_half_away_from_zero(x / scale) + zero_point)`` and DEQUANTIZE
+``x = (q - zero_point) * scale``.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from edgehft.bundle import Bundle, TensorSpec
+from edgehft.errors import DTypeError, NonFiniteInputError, ShapeError
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class InputSlot:
+    """One model input: validates a window and writes it into ``dest`` (the interpreter's buffer)."""
+
+    def __init__(self, spec: TensorSpec, dest: np.ndarray):
+        self.spec = spec
+        self.dest = dest
+        self.dtype = np.dtype(spec.dtype)
+        self.shapes = {tuple(spec.shape), tuple(spec.shape[1:])} if spec.shape[:1] == [1] else {tuple(spec.shape)}
+        self.quantized = spec.quantized
+        if self.quantized:
+            self.scale = np.float32(spec.scale[0])
+            self.zero_point = np.float32(spec.zero_point[0])
+            info = np.iinfo(self.dtype)
+            self.qmin, self.qmax = np.float32(info.min), np.float32(info.max)
+            self.scratch = np.empty(spec.shape, dtype=np.float32)
+            self.sign = np.empty(spec.shape, dtype=np.float32)
+
+    def write(self, x: np.ndarray) -> None:
+        """Validate ``x`` and copy (quantizing float windows) into the interpreter input.
+
+        Raises:
+            ShapeError, DTypeError, NonFiniteInputError: naming the input, what was given and expected.
+        """
+        if not isinstance(x, np.ndarray):
+            raise DTypeError(f"input {self.spec.name!r}: expected a numpy array, got {type(x).__name__}")
+        if x.shape not in self.shapes:
+            raise ShapeError(f"input {self.spec.name!r}: shape {x.shape}, expected {tuple(self.spec.shape)}"
+                             + (f" or {tuple(self.spec.shape[1:])}" if len(self.shapes) > 1 else ""),
+                             hint="one window per call, batch 1")
+        dt = x.dtype
+        if dt == self.dtype:
+            if dt.kind == "f":
+                self._check_finite(x)
+            self.dest[...] = x.reshape(self.dest.shape)
+        elif self.quantized and dt in _FLOATS:
+            self._check_finite(x)
+            s = self.scratch
+            np.divide(x.reshape(s.shape), self.scale, out=s)       # reference: std::round(x / scale)
+            np.copysign(np.float32(0.5), s, out=self.sign)
+            np.add(s, self.sign, out=s)
+            np.trunc(s, out=s)
+            np.add(s, self.zero_point, out=s)
+            np.clip(s, self.qmin, self.qmax, out=s)
+            np.copyto(self.dest, s, casting="unsafe")
+        elif dt == np.float64 and self.dtype == np.float32:
+            self._check_finite(x)
+            np.copyto(self.dest, x.reshape(self.dest.shape), casting="same_kind")
+        else:
+            accepted = [str(self.dtype)] + (["float32", "float64"] if self.quantized else
+                                            ["float64"] if self.dtype == np.float32 else [])
+            raise DTypeError(f"input {self.spec.name!r}: dtype {dt}, expected one of {', '.join(accepted)}",
+                             hint=f"pass x.astype(np.{accepted[0]})" if accepted else None)
+
+    def _check_finite(self, x: np.ndarray) -> None:
+        # One reduction on the hot path; the exact location is only worked out on failure.
+        if math.isfinite(float(x.sum(dtype=np.float64))):
+            return
+        bad = ~np.isfinite(x)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise NonFiniteInputError(f"input {self.spec.name!r}: {int(bad.sum())} non-finite value(s) "
+                                      f"(NaN/inf), first at index {where} = {x[where]}",
+                                      hint="drop or repair the tick before it reaches the model")
+
+
+class OutputSlot:
+    """One model output: the interpreter's buffer ``src`` and a reused float32 dequantized copy."""
+
+    def __init__(self, spec: TensorSpec, src: np.ndarray):
+        self.spec = spec
+        self.src = src
+        self.raw = np.empty(spec.shape, dtype=np.dtype(spec.dtype))
+        self.quantized = spec.quantized
+        self.value = np.empty(spec.shape, dtype=np.float32) if self.quantized else self.raw
+        if self.quantized:
+            self.scale = np.float32(spec.scale[0])
+            self.zero_point = np.float32(spec.zero_point[0])
+
+    def read(self) -> np.ndarray:
+        np.copyto(self.raw, self.src)
+        if self.quantized:
+            np.subtract(self.raw, self.zero_point, out=self.value)
+            np.multiply(self.value, self.scale, out=self.value)
+        return self.value
+
+
+class Runner:
+    """A model opened on a board. Subclasses set ``inputs``/``outputs`` slots and ``_invoke``.
+
+    ``predict(*windows)`` returns float32 outputs (dequantized) and ``predict_raw`` the raw output
+    tensors; both return *reused* buffers: copy what you keep across calls. Single-output models
+    return an array, multi-output ones a tuple.
+    """
+
+    board: str = "?"
+    emulated: bool = False
+
+    def __init__(self, bundle: Bundle, board, *, threads: int = 1, affinity: list[int] | None = None):
+        self.bundle = bundle
+        self.board_spec = board
+        self.board = board.name
+        self.threads = int(threads)
+        self.affinity = None
+        if affinity:
+            os.sched_setaffinity(0, set(int(c) for c in affinity))
+            self.affinity = sorted(os.sched_getaffinity(0))
+        self.inputs: list[InputSlot] = []
+        self.outputs: list[OutputSlot] = []
+        self.closed = False
+
+    def _invoke(self) -> None:
+        raise NotImplementedError
+
+    def _run(self, windows) -> None:
+        if self.closed:
+            raise RuntimeError(f"runner for {self.bundle.path} is closed")
+        if len(windows) != len(self.inputs):
+            raise ShapeError(f"model takes {len(self.inputs)} input(s), got {len(windows)}")
+        for slot, x in zip(self.inputs, windows):
+            slot.write(x)
+        self._invoke()
+
+    def predict(self, *windows: np.ndarray):
+        """Run one window (per input). Returns float32 output(s) with the output's shape (batch 1).
+
+        Raises:
+            ShapeError, DTypeError, NonFiniteInputError: bad window; nothing is run.
+        """
+        self._run(windows)
+        if len(self.outputs) == 1:
+            return self.outputs[0].read()
+        return tuple(o.read() for o in self.outputs)
+
+    def predict_raw(self, *windows: np.ndarray):
+        """As :meth:`predict`, but the outputs in the model's own dtype (int8 for int8 bundles)."""
+        self._run(windows)
+        outs = []
+        for o in self.outputs:
+            np.copyto(o.raw, o.src)
+            outs.append(o.raw)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def describe(self) -> dict:
+        """What this runner runs on: board, backend details, threads, affinity, emulated or not."""
+        return {"board": self.board, "emulated": self.emulated, "threads": self.threads,
+                "affinity": self.affinity, "bundle": str(self.bundle.path)}
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
