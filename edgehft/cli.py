@@ -91,7 +91,8 @@ def main() -> None:
 @click.option("--strict", is_flag=True, help="Drift over the threshold is an error (exit 5), not a warning.")
 @click.option("--timeout", "timeout_s", default=1800.0, show_default=True, help="Converter time limit, s.")
 @click.option("--lowering", type=click.Choice(["auto", "native"]), default="auto", show_default=True,
-              help="native: convert a Keras 3 graph as is (diagnosis only; LSTM becomes WHILE).")
+              help="native: no tf-keras rebuild and no pre-conversion checks; the graph goes to the "
+                   "converter as is (diagnosis only).")
 @json_opt
 @handles_errors
 def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, drift_windows, golden_count,

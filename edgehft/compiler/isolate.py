@@ -83,8 +83,8 @@ def run_worker(request: dict, workdir: Path, timeout_s: float = 1800.0,
 
 def _crash_hint(request: dict, stage: str) -> str:
     if request.get("lowering") == "native" and stage.startswith("convert"):
-        return ("Keras 3 recurrent layers crash the full-int8 converter when not rebuilt in tf-keras: "
-                "drop --lowering native")
+        return ("the graph went to the converter as is (--lowering native); without it edgehft "
+                "refuses recurrent layers that crash the int8 converter and says what to change")
     return "try --quant dynamic or float to see whether quantization is the trigger"
 
 

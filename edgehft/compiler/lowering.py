@@ -177,3 +177,28 @@ def check_rebuild(original, rebuilt, windows: np.ndarray, atol: float = 1e-4) ->
                             f"(> {atol}) on calibration windows",
                             hint="a layer option was not carried over; build the model with tf-keras")
     return diff
+
+
+# Recurrent layers TFLite has no fused op for: they become WHILE loops (and crash full-int8 conversion).
+UNFUSABLE_RNN_FIX = {
+    "GRU": "TFLite has no fused GRU: use LSTM, or pass unroll=True to the layer (static sequence length)",
+    "SimpleRNN": "pass unroll=True to the layer (static sequence length)",
+    "RNN": "pass unroll=True to the layer (static sequence length)",
+    "ConvLSTM1D": "TFLite has no fused ConvLSTM: replace it with Conv + LSTM",
+    "ConvLSTM2D": "TFLite has no fused ConvLSTM: replace it with Conv + LSTM",
+}
+
+
+def check_recurrent_layers(model) -> None:
+    """Refuse, before conversion, recurrent layers that would lower to a TFLite WHILE loop.
+
+    Raises:
+        LoweringError: naming the layer and what to change.
+    """
+    for layer in model.layers:
+        inner = getattr(layer, "forward_layer", None) or getattr(layer, "layer", None)
+        for cand in (layer, inner):
+            cls = type(cand).__name__ if cand is not None else ""
+            if cls in UNFUSABLE_RNN_FIX and not getattr(cand, "unroll", False):
+                raise LoweringError(f"layer {layer.name!r} ({cls}) cannot be lowered to a fused TFLite op: "
+                                    "it would become a WHILE loop", hint=UNFUSABLE_RNN_FIX[cls])

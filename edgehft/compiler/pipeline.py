@@ -28,9 +28,8 @@ from edgehft.report import OpPlacement, Report, segments_of
 from edgehft.runtime import cpu as cpu_runtime
 from edgehft.windows import load_windows, parse_pipeline, sidecar_pipeline
 
-_RECURRENT_FIX = {"GRU": "TFLite has no fused GRU: use LSTM, or pass unroll=True to the layer",
-                  "SimpleRNN": "pass unroll=True to the layer (static sequence length)",
-                  "LSTM": "build the model with keras.Input of a static shape; avoid stateful=True / masking"}
+_RECURRENT_FIX = {"LSTM": "build the model with keras.Input of a static shape; avoid stateful=True / masking",
+                  "GRU": "use LSTM, or pass unroll=True to the layer", "SimpleRNN": "pass unroll=True"}
 
 
 @dataclass

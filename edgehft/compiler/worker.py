@@ -35,6 +35,13 @@ def _versions() -> dict[str, str]:
     return v
 
 
+def _check_calib_shape(model, calib: np.ndarray) -> None:
+    shape = tuple(model.inputs[0].shape[1:]) if len(model.inputs) == 1 else None
+    if shape is not None and tuple(calib.shape[1:]) != shape:
+        raise errors.InputError(f"calibration windows have shape {calib.shape[1:]}, the model takes {shape}",
+                                hint="check the feature pipeline or the .npy given to --calib")
+
+
 def _load(req: dict, out: Path, calib: np.ndarray):
     """Return (callable model, keras model or None, flavour, lowering, layer list)."""
     from edgehft.compiler import lowering as low
@@ -49,11 +56,16 @@ def _load(req: dict, out: Path, calib: np.ndarray):
         return None, loaded, flavour, "saved-model signature", []
     if flavour == "tf-keras":
         model = low.load_tf_keras(path)
+        _check_calib_shape(model, calib)
+        if req.get("lowering") != "native":
+            low.check_recurrent_layers(model)
         return model, model, flavour, "tf-keras (as saved)", [(l.name, type(l).__name__) for l in model.layers]
     k3 = low.load_keras3(path)
     layers = [(l.name, type(l).__name__) for l in k3.layers]
-    if req.get("lowering") == "native":
+    _check_calib_shape(k3, calib)
+    if req.get("lowering") == "native":                 # as is: no rebuild, no checks (diagnosis)
         return k3, k3, flavour, "keras3 native (no rebuild)", layers
+    low.check_recurrent_layers(k3)
     _stage(out, "rebuild Keras 3 model in tf-keras")
     tfk = low.keras3_to_tf_keras(k3)
     diff = low.check_rebuild(k3, tfk, calib[:8])

@@ -1,0 +1,53 @@
+"""Build the small models the tests compile, in both Keras flavours (run as a subprocess:
+``python tests/make_models.py OUTDIR``). Shapes: input (20, 8) float32, output (3,) softmax."""
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+rng = np.random.default_rng(0)
+np.save(out / "calib.npy", rng.standard_normal((96, 20, 8)).astype(np.float32))
+np.save(out / "calib_mlp.npy", rng.standard_normal((96, 16)).astype(np.float32))
+
+import keras  # Keras 3
+import tf_keras  # Keras 2 (tf-keras), side by side
+
+keras.utils.set_random_seed(1)
+
+
+def k3_seq(rnn_cls, name):
+    inp = keras.Input((20, 8), name="x")
+    h = keras.layers.Conv1D(8, 3, padding="same", activation="relu")(inp)
+    h = rnn_cls(16, name=name)(h)
+    out_ = keras.layers.Dense(3, activation="softmax", name="probs")(h)
+    return keras.Model(inp, out_)
+
+
+k3_seq(keras.layers.LSTM, "lstm").save(out / "k3_lstm.keras")
+k3_seq(keras.layers.GRU, "gru").save(out / "k3_gru.keras")
+seq = keras.Sequential([keras.Input((20, 8), name="x"), keras.layers.LSTM(12, name="lstm"),
+                        keras.layers.Dense(3, activation="softmax", name="probs")])
+seq.save(out / "k3_seq_lstm.keras")
+
+inp = keras.Input((20, 8), name="x")
+h = keras.layers.LSTM(16)(inp)
+h = h * 2.0                                  # a raw keras.ops call, not a layer
+keras.Model(inp, keras.layers.Dense(3, activation="softmax")(h)).save(out / "k3_rawop.keras")
+
+inp = keras.Input((16,), name="features")
+h = keras.layers.Dense(128, activation="relu")(inp)   # > 1024 weights: dynamic range quantizes it
+keras.Model(inp, keras.layers.Dense(1, name="signal")(h)).save(out / "k3_mlp.keras")
+
+tf_keras.utils.set_random_seed(1)
+inp = tf_keras.Input((20, 8), name="x")
+h = tf_keras.layers.Conv1D(8, 3, padding="same", activation="relu")(inp)
+h = tf_keras.layers.LSTM(16, name="lstm")(h)
+m = tf_keras.Model(inp, tf_keras.layers.Dense(3, activation="softmax", name="probs")(h))
+m.save(out / "tfk_lstm.h5")
+inp = tf_keras.Input((20, 8), name="x")
+h = tf_keras.layers.GRU(16, name="gru")(inp)
+tf_keras.Model(inp, tf_keras.layers.Dense(3, activation="softmax")(h)).save(out / "tfk_gru.h5")
+print("ok")

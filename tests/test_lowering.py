@@ -1,0 +1,102 @@
+"""Compile small real models through the isolated TensorFlow converter: LSTM lowering in both Keras
+flavours, clear errors for layers that cannot be lowered, crash and hang isolation, quant modes."""
+import numpy as np
+import pytest
+
+from edgehft.bundle import load_bundle
+from edgehft.compiler.pipeline import CompileOptions, compile_model
+from edgehft.errors import ConverterError, InputError, LoweringError
+from edgehft.ir import TFLiteModel
+
+pytestmark = pytest.mark.slow
+
+
+def _compile(models, name, tmp_path, calib="calib.npy", **kw):
+    opts = CompileOptions(board="cpu", calib_windows=48, drift_windows=48, **kw)
+    return compile_model(models / name, [models / calib], tmp_path / name.replace(".", "_"), opts)
+
+
+@pytest.mark.parametrize("name,flavour", [("k3_lstm.keras", "keras3"), ("tfk_lstm.h5", "tf-keras"),
+                                          ("k3_seq_lstm.keras", "keras3")])
+def test_lstm_becomes_fused_op_in_both_flavours(models, tmp_path, name, flavour):
+    res = _compile(models, name, tmp_path)
+    ops = TFLiteModel.from_file(res.bundle.model_path).op_names()
+    assert "UNIDIRECTIONAL_SEQUENCE_LSTM" in ops and "WHILE" not in ops
+    m = res.bundle.manifest
+    assert m.source.flavour == flavour
+    assert m.inputs[0].dtype == "int8" and m.outputs[0].dtype == "int8"
+    lstm = next(o for o in res.report.ops if o.op == "UNIDIRECTIONAL_SEQUENCE_LSTM")
+    assert lstm.layer == "lstm" and lstm.dtype == "int8" and lstm.placement == "cpu"
+    assert res.report.drift.outputs[0].argmax_agreement is not None   # softmax output: classifier
+
+
+def test_gru_is_refused_with_the_layer_named(models, tmp_path):
+    with pytest.raises(LoweringError, match=r"'gru' \(GRU\) cannot be lowered.*WHILE") as exc:
+        _compile(models, "k3_gru.keras", tmp_path)
+    assert "unroll=True" in exc.value.hint
+    assert not (tmp_path / "k3_gru_keras").exists()
+
+
+def test_raw_keras_op_is_refused(models, tmp_path):
+    with pytest.raises(LoweringError, match="raw keras.ops call") as exc:
+        _compile(models, "k3_rawop.keras", tmp_path)
+    assert "keras.layers" in exc.value.hint
+
+
+def test_gru_in_tf_keras_is_refused_before_conversion(models, tmp_path):
+    with pytest.raises(LoweringError, match=r"'gru' \(GRU\) cannot be lowered"):
+        _compile(models, "tfk_gru.h5", tmp_path)
+
+
+def test_converter_crash_is_reported_not_inherited(models, tmp_path):
+    # A tf-keras GRU sent to the full-int8 converter as is segfaults TensorFlow (a real crash).
+    with pytest.raises(ConverterError, match=r"crashed \(SIG[A-Z]+\) during step 'convert \(int8\)'") as exc:
+        _compile(models, "tfk_gru.h5", tmp_path, lowering="native")
+    assert "--lowering native" in exc.value.hint
+
+
+def test_converter_hang_is_stopped(models, tmp_path):
+    with pytest.raises(ConverterError, match="did not finish within 1 s"):
+        _compile(models, "k3_lstm.keras", tmp_path, timeout_s=1.0)
+
+
+@pytest.mark.parametrize("quant,io_dtype,weights", [("dynamic", "float32", "int8"),
+                                                    ("fp16", "float32", "float16"),
+                                                    ("float", "float32", "float32")])
+def test_quantization_modes(models, tmp_path, quant, io_dtype, weights):
+    res = _compile(models, "k3_mlp.keras", tmp_path, calib="calib_mlp.npy", quant=quant)
+    m = res.bundle.manifest
+    assert m.quantization.mode == quant and m.inputs[0].dtype == io_dtype
+    ir = TFLiteModel.from_file(res.bundle.model_path)
+    const_dtypes = {t.dtype for t in ir.main.tensors if t.is_constant and len(t.shape) == 2}
+    assert weights in const_dtypes
+    assert m.golden.compare == "allclose"
+    assert res.report.drift.passed and res.report.drift.outputs[0].argmax_agreement is None
+
+
+def test_int8_mlp_drift_and_io(models, tmp_path):
+    res = _compile(models, "k3_mlp.keras", tmp_path, calib="calib_mlp.npy")
+    out = res.bundle.manifest.outputs[0]
+    assert out.name == "signal" and out.dtype == "int8" and out.shape == [1, 1]
+    d = res.report.drift.outputs[0]
+    assert 0 < d.mae_rel < 0.01 and d.max_abs >= d.mae
+
+
+def test_nan_calibration_is_refused(models, tmp_path):
+    x = np.load(models / "calib.npy")
+    x[5, 3, 2] = np.nan
+    np.save(tmp_path / "bad.npy", x)
+    with pytest.raises(InputError, match=r"1 NaN/inf values \(first at \(5, 3, 2\)\)"):
+        compile_model(models / "k3_lstm.keras", [tmp_path / "bad.npy"], tmp_path / "out", CompileOptions())
+
+
+def test_wrong_window_shape_is_refused(models, tmp_path):
+    with pytest.raises(InputError, match=r"shape \(16,\), the model takes \(20, 8\)"):
+        _compile(models, "k3_lstm.keras", tmp_path, calib="calib_mlp.npy")
+
+
+def test_malformed_model_file(tmp_path, models):
+    bad = tmp_path / "broken.keras"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(InputError, match="not a valid .keras archive"):
+        compile_model(bad, [models / "calib.npy"], tmp_path / "out", CompileOptions())
