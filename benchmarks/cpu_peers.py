@@ -252,7 +252,7 @@ def print_table(console, name: str, res: dict) -> None:
     from rich.table import Table
     t = Table(title=f"{name}: batch 1, one thread, pinned", title_justify="left")
     for col in ("peer", "p50 µs", "p99 µs", "p99.9 µs", "samples", "ratio p50", "max|Δ| vs Keras"):
-        t.add_column(col, justify="left" if col == "peer" else "right")
+        t.add_column(col, justify="left" if col == "peer" else "right", no_wrap=True)
     for r in res["peers"]:
         if r["status"] != "ok":
             t.add_row(r["peer"], f"[red]{r['status']}[/red]", "", "", "", "", "")
@@ -284,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     from rich.console import Console
     console = Console()
+    if not console.is_terminal:          # piped to a file: do not squeeze the tables into 80 columns
+        console = Console(width=110)
     tmp = None if args.build_dir else tempfile.TemporaryDirectory(prefix="edgehft-peers-")
     build = args.build_dir or Path(tmp.name)
     build.mkdir(parents=True, exist_ok=True)

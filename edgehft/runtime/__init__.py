@@ -36,9 +36,9 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
     """
     b = load_bundle(bundle.path if isinstance(bundle, Bundle) else bundle, verify=True)
     name = board or b.manifest.board
+    spec = load_board(name)
     if name != b.manifest.board:
         raise BundleError(f"bundle {b.path} was compiled for board {b.manifest.board!r}, not {name!r}",
                           hint=f"compile it again with --board {name}")
-    spec = load_board(name)
     module = importlib.import_module(f"edgehft.runtime.{spec.backend}")
     return module.Runner(b, spec, threads=threads, affinity=affinity, **options)
