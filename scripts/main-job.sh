@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # The main job on real data with the embedded default (the cpu board): install, compile the trained
 # DeepLOB on a real Binance depth capture, check the golden vectors, benchmark on real ticks.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q -e '.[compile,bench]'
+source "$(dirname "$0")/venv.sh" compile,bench
 D=examples/deeplob/data
 mkdir -p build
 .venv/bin/edgehft compile examples/deeplob/deeplob.keras --board cpu \
