@@ -6,7 +6,10 @@ windows) it compiles int8 and float bundles with edgehft, then times one call pe
   edgehft predict (int8 in)     runtime.open(bundle).predict on windows already quantized to int8: the
                                 same work as the raw loop; every ratio is against this row
   edgehft predict (float in)    predict on float32 windows (input quantization inside predict)
+  edgehft predict_raw           int8 windows in, the raw int8 output out: exactly the raw loop's work
   LiteRT raw loop int8          Interpreter(num_threads=1): set_tensor / invoke / get_tensor, same .tflite
+  LiteRT raw loop int8 + deq    the raw loop plus numpy dequantization, (q - zero_point) * scale: the
+                                same work as edgehft predict (int8 in)
   LiteRT raw loop float         the same loop on the float bundle's .tflite
   ONNX Runtime float            the Keras model exported to ONNX, 1 intra/inter-op thread, sequential
   tf.function                   tf.function(model, jit_compile=False) on one window, result to numpy
@@ -48,7 +51,9 @@ BUDGET_S = 10.0           # measured time per peer
 WARMUP_S = 2.0            # warm-up time cap per peer
 MIN_SAMPLES = 50
 EDGEHFT = "edgehft predict (int8 in)"
+EDGEHFT_RAW = "edgehft predict_raw"
 RAW_INT8 = "LiteRT raw loop int8"
+RAW_DEQ = "LiteRT raw loop int8 + deq"
 
 
 def prepare(name: str, build: Path) -> tuple[Path, list[Path], np.ndarray]:
@@ -203,6 +208,17 @@ def bench_model(name: str, args, build: Path, cpu: int, model_path: Path, x: np.
         result["bit_exact_check"] = "OK"
         return run, xq, False
 
+    def p_edgehft_raw():
+        r, xq = edgehft_runner()
+        return r.predict_raw, xq, False
+
+    def p_raw_deq():
+        r, xq = edgehft_runner()
+        run = raw_loop(bundle_tflite("int8"))
+        o = r.bundle.manifest.outputs[0]
+        scale, zp = np.float32(o.scale[0]), np.float32(o.zero_point[0])
+        return (lambda w: (run(w).astype(np.float32) - zp) * scale), xq, True
+
     def p_raw_float():
         return raw_loop(bundle_tflite("float")), xs, True
 
@@ -219,7 +235,8 @@ def bench_model(name: str, args, build: Path, cpu: int, model_path: Path, x: np.
         return (lambda w: keras_model.predict(w, verbose=0)), xs, True
 
     peers = [(EDGEHFT, p_edgehft_int8), ("edgehft predict (float in)", p_edgehft_float),
-             (RAW_INT8, p_raw_int8), ("LiteRT raw loop float", p_raw_float),
+             (EDGEHFT_RAW, p_edgehft_raw), (RAW_INT8, p_raw_int8), (RAW_DEQ, p_raw_deq),
+             ("LiteRT raw loop float", p_raw_float),
              ("ONNX Runtime float", p_onnx), ("tf.function", p_tf_function),
              ("Keras predict", p_keras_predict)]
     for peer, make in peers:
@@ -243,8 +260,12 @@ def bench_model(name: str, args, build: Path, cpu: int, model_path: Path, x: np.
     for r in result["peers"]:
         if base and r["status"] == "ok":
             r["ratio_p50"] = r["latency_us"]["p50"] / base
-    if base and RAW_INT8 in by:
-        result["edgehft_vs_raw_p50_pct"] = 100.0 * (base / by[RAW_INT8]["latency_us"]["p50"] - 1.0)
+    def pct(a, b):
+        if a in by and b in by:
+            return 100.0 * (by[a]["latency_us"]["p50"] / by[b]["latency_us"]["p50"] - 1.0)
+        return None
+    result["edgehft_vs_raw_p50_pct"] = {"predict vs raw loop + dequantize": pct(EDGEHFT, RAW_DEQ),
+                                        "predict_raw vs raw loop": pct(EDGEHFT_RAW, RAW_INT8)}
     return result
 
 
@@ -261,9 +282,9 @@ def print_table(console, name: str, res: dict) -> None:
         t.add_row(r["peer"], f"{u['p50']:,.1f}", f"{u['p99']:,.1f}", f"{u['p99.9']:,.1f}", str(r["samples"]),
                   f"{r['ratio_p50']:.2f}x" if "ratio_p50" in r else "-", "-" if d is None else f"{d:.2g}")
     console.print(t)
-    pct = res.get("edgehft_vs_raw_p50_pct")
-    console.print(f"edgehft vs raw interpreter at p50: {pct:+.1f} %" if pct is not None else
-                  "edgehft vs raw interpreter at p50: n/a (a row failed)")
+    for what, pct in res.get("edgehft_vs_raw_p50_pct", {}).items():
+        console.print(f"edgehft vs raw interpreter at p50 ({what}): "
+                      + (f"{pct:+.1f} % (target: within +5 %)" if pct is not None else "n/a (a row failed)"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,6 +83,11 @@ def test_describe_threads_affinity(deeplob_bundle):
         os.sched_setaffinity(0, cpu)
 
 
+def test_bad_affinity_is_an_input_error(deeplob_bundle):
+    with pytest.raises(InputError, match=r"cannot pin to CPUs \[4096\]"):
+        runtime.open(deeplob_bundle, affinity=[4096])
+
+
 def test_closed_runner_refuses(deeplob_bundle, deeplob_windows):
     r = runtime.open(deeplob_bundle)
     r.close()

@@ -177,7 +177,7 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
             if n < g:
                 g_in[0][n] = runner.inputs[0].dest[0]
                 for k, slot in enumerate(runner.outputs):
-                    g_out[k][n] = slot.raw[0]
+                    g_out[k][n] = slot.src[0]
         kernels = cpu_runtime.delegated_ops(runner.interp)
         ref_diff = _reference_kernel_diff(draft, board, g_in, g_out)
         path = runner.path

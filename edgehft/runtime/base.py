@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from edgehft.bundle import Bundle, TensorSpec
-from edgehft.errors import DTypeError, NonFiniteInputError, ShapeError
+from edgehft.errors import DTypeError, InputError, NonFiniteInputError, ShapeError
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -52,14 +52,7 @@ class InputSlot:
             self.dest[...] = x.reshape(self.dest.shape)
         elif self.quantized and dt in _FLOATS:
             self._check_finite(x)
-            s = self.scratch
-            np.divide(x.reshape(s.shape), self.scale, out=s)       # reference: std::round(x / scale)
-            np.copysign(np.float32(0.5), s, out=self.sign)
-            np.add(s, self.sign, out=s)
-            np.trunc(s, out=s)
-            np.add(s, self.zero_point, out=s)
-            np.clip(s, self.qmin, self.qmax, out=s)
-            np.copyto(self.dest, s, casting="unsafe")
+            self.quantize_into_dest(x)
         elif dt == np.float64 and self.dtype == np.float32:
             self._check_finite(x)
             np.copyto(self.dest, x.reshape(self.dest.shape), casting="same_kind")
@@ -69,9 +62,20 @@ class InputSlot:
             raise DTypeError(f"input {self.spec.name!r}: dtype {dt}, expected one of {', '.join(accepted)}",
                              hint=f"pass x.astype(np.{accepted[0]})" if accepted else None)
 
+    def quantize_into_dest(self, x: np.ndarray) -> None:
+        """``dest = clamp(round_half_away(x / scale)) + zero_point`` (TFLite reference QUANTIZE)."""
+        s = self.scratch
+        np.divide(x.reshape(s.shape), self.scale, out=s)
+        np.copysign(np.float32(0.5), s, out=self.sign)
+        np.add(s, self.sign, out=s)
+        np.trunc(s, out=s)
+        np.clip(s, self.qmin - self.zero_point, self.qmax - self.zero_point, out=s)
+        np.add(s, self.zero_point, out=self.dest, casting="unsafe")
+
     def _check_finite(self, x: np.ndarray) -> None:
-        # One reduction on the hot path; the exact location is only worked out on failure.
-        if math.isfinite(float(x.sum(dtype=np.float64))):
+        # One reduction on the hot path (NaN/inf propagate through the sum); the exact location is
+        # only worked out on failure, and a sum that merely overflowed is let through.
+        if math.isfinite(x.sum()):
             return
         bad = ~np.isfinite(x)
         if bad.any():
@@ -90,15 +94,27 @@ class OutputSlot:
         self.raw = np.empty(spec.shape, dtype=np.dtype(spec.dtype))
         self.quantized = spec.quantized
         self.value = np.empty(spec.shape, dtype=np.float32) if self.quantized else self.raw
+        self.lut = None
         if self.quantized:
             self.scale = np.float32(spec.scale[0])
             self.zero_point = np.float32(spec.zero_point[0])
+            if self.raw.dtype.itemsize == 1:
+                # 256-entry table: lut[q mod 256] = (q - zero_point) * scale, indexed by the raw byte
+                codes = np.arange(256, dtype=np.uint8).view(self.raw.dtype).astype(np.float32)
+                self.lut = (codes - self.zero_point) * self.scale
+                self._take = self.lut.take                 # the method: skips np.take's wrapper
+                self.src_u8 = src.view(np.uint8)
 
     def read(self) -> np.ndarray:
-        np.copyto(self.raw, self.src)
-        if self.quantized:
+        """Dequantize the interpreter's output into the reused float32 buffer (DEQUANTIZE reference)."""
+        if self.lut is not None:
+            self._take(self.src_u8, out=self.value, mode="wrap")  # bytes are 0..255: never wraps
+        elif self.quantized:
+            np.copyto(self.raw, self.src)
             np.subtract(self.raw, self.zero_point, out=self.value)
             np.multiply(self.value, self.scale, out=self.value)
+        else:
+            np.copyto(self.raw, self.src)
         return self.value
 
 
@@ -120,7 +136,11 @@ class Runner:
         self.threads = int(threads)
         self.affinity = None
         if affinity:
-            os.sched_setaffinity(0, set(int(c) for c in affinity))
+            try:
+                os.sched_setaffinity(0, set(int(c) for c in affinity))
+            except (OSError, ValueError) as exc:
+                raise InputError(f"cannot pin to CPUs {list(affinity)}: {exc}",
+                                 hint=f"allowed CPUs here: {sorted(os.sched_getaffinity(0))}") from exc
             self.affinity = sorted(os.sched_getaffinity(0))
         self.inputs: list[InputSlot] = []
         self.outputs: list[OutputSlot] = []
@@ -128,6 +148,40 @@ class Runner:
 
     def _invoke(self) -> None:
         raise NotImplementedError
+
+    def _bind_fast_paths(self) -> None:
+        """For one input and one output whose buffers are the interpreter's own, replace ``predict`` and
+        ``predict_raw`` with closures that do only: a shape and dtype check, one copy in, the invoke,
+        and (``predict``) one table lookup out. Anything else takes the general path."""
+        if len(self.inputs) != 1 or len(self.outputs) != 1:
+            return
+        slot, out = self.inputs[0], self.outputs[0]
+        invoke, dest, src, shapes, dtype = self._invoke, slot.dest, out.src, slot.shapes, slot.dtype
+        copyto, general_raw, general = np.copyto, self.predict_raw, self.predict
+        direct = dtype.kind in "iu"                 # integer windows need no finiteness check
+
+        def predict_raw(*windows):
+            if len(windows) == 1:
+                x = windows[0]
+                if direct and x.__class__ is np.ndarray and x.dtype is dtype and x.shape in shapes:
+                    copyto(dest, x)
+                    invoke()
+                    return src
+            general_raw(*windows)
+            return src
+
+        read = out.read
+
+        def predict(*windows):
+            if len(windows) == 1:
+                x = windows[0]
+                if direct and x.__class__ is np.ndarray and x.dtype is dtype and x.shape in shapes:
+                    copyto(dest, x)
+                    invoke()
+                    return read()
+            return general(*windows)
+
+        self.predict_raw, self.predict = predict_raw, predict
 
     def _run(self, windows) -> None:
         if self.closed:
@@ -150,13 +204,11 @@ class Runner:
         return tuple(o.read() for o in self.outputs)
 
     def predict_raw(self, *windows: np.ndarray):
-        """As :meth:`predict`, but the outputs in the model's own dtype (int8 for int8 bundles)."""
+        """As :meth:`predict`, but the outputs in the model's own dtype (int8 for int8 bundles). The
+        arrays may be the interpreter's own output buffers: the next call overwrites them."""
         self._run(windows)
-        outs = []
-        for o in self.outputs:
-            np.copyto(o.raw, o.src)
-            outs.append(o.raw)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        outs = tuple(o.src for o in self.outputs)
+        return outs[0] if len(outs) == 1 else outs
 
     def describe(self) -> dict:
         """What this runner runs on: board, backend details, threads, affinity, emulated or not."""
@@ -165,6 +217,8 @@ class Runner:
 
     def close(self) -> None:
         self.closed = True
+        self.__dict__.pop("predict", None)                # back to the checked general path
+        self.__dict__.pop("predict_raw", None)
 
     def __enter__(self):
         return self

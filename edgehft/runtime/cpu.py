@@ -77,6 +77,7 @@ class Runner(_Runner):
             self.inputs = [InputSlot(s, self.interp.tensor(s.index)()) for s in m.inputs]
             self.outputs = [OutputSlot(s, self.interp.tensor(s.index)()) for s in m.outputs]
             self._invoke = self.interp._interpreter.Invoke
+            self._bind_fast_paths()
         else:
             self._staging_in = [np.empty(s.shape, dtype=s.dtype) for s in m.inputs]
             self._staging_out = [np.empty(s.shape, dtype=s.dtype) for s in m.outputs]
@@ -106,11 +107,9 @@ class Runner(_Runner):
         return d
 
     def close(self) -> None:
-        if not self.closed:
-            self.inputs, self.outputs = [], []
-            self._invoke = None
-            self.interp = None
         super().close()
+        self.inputs, self.outputs = [], []
+        self.interp = None
 
 
 def delegated_ops(interp) -> dict[int, str]:
