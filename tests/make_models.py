@@ -39,7 +39,9 @@ keras.Model(inp, keras.layers.Dense(3, activation="softmax")(h)).save(out / "k3_
 
 inp = keras.Input((16,), name="features")
 h = keras.layers.Dense(128, activation="relu")(inp)   # > 1024 weights: dynamic range quantizes it
-keras.Model(inp, keras.layers.Dense(1, name="signal")(h)).save(out / "k3_mlp.keras")
+mlp = keras.Model(inp, keras.layers.Dense(1, name="signal")(h))
+mlp.save(out / "k3_mlp.keras")
+mlp.export(out / "k3_mlp_savedmodel")                  # a plain SavedModel: no Keras metadata
 
 tf_keras.utils.set_random_seed(1)
 inp = tf_keras.Input((20, 8), name="x")
@@ -47,6 +49,7 @@ h = tf_keras.layers.Conv1D(8, 3, padding="same", activation="relu")(inp)
 h = tf_keras.layers.LSTM(16, name="lstm")(h)
 m = tf_keras.Model(inp, tf_keras.layers.Dense(3, activation="softmax", name="probs")(h))
 m.save(out / "tfk_lstm.h5")
+m.save(out / "tfk_lstm_savedmodel")                    # tf-keras SavedModel (keras_metadata.pb)
 inp = tf_keras.Input((20, 8), name="x")
 h = tf_keras.layers.GRU(16, name="gru")(inp)
 tf_keras.Model(inp, tf_keras.layers.Dense(3, activation="softmax")(h)).save(out / "tfk_gru.h5")

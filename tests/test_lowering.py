@@ -30,6 +30,17 @@ def test_lstm_becomes_fused_op_in_both_flavours(models, tmp_path, name, flavour)
     assert res.report.drift.outputs[0].argmax_agreement is not None   # softmax output: classifier
 
 
+@pytest.mark.parametrize("name,calib,flavour,op", [
+    ("tfk_lstm_savedmodel", "calib.npy", "tf-keras", "UNIDIRECTIONAL_SEQUENCE_LSTM"),
+    ("k3_mlp_savedmodel", "calib_mlp.npy", "saved-model", "FULLY_CONNECTED")])
+def test_savedmodel_directories(models, tmp_path, name, calib, flavour, op):
+    res = _compile(models, name, tmp_path, calib=calib)
+    assert res.bundle.manifest.source.flavour == flavour
+    ops = TFLiteModel.from_file(res.bundle.model_path).op_names()
+    assert op in ops and "WHILE" not in ops
+    assert res.report.drift.passed
+
+
 def test_gru_is_refused_with_the_layer_named(models, tmp_path):
     with pytest.raises(LoweringError, match=r"'gru' \(GRU\) cannot be lowered.*WHILE") as exc:
         _compile(models, "k3_gru.keras", tmp_path)
