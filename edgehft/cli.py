@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgehft import __version__
-from edgehft.errors import EdgeHFTError, GoldenMismatchError
+from edgehft.errors import EdgeHFTError, GoldenMismatchError, InputError
 
 out = Console()
 err = Console(stderr=True)
@@ -66,7 +66,14 @@ def _bundle_windows(bundle, ticks):
     f = bundle.manifest.features
     if f is not None:
         pipeline = parse_pipeline(f"{bundle.path / f.file}:{f.callable}") if f.file else parse_pipeline(f.callable)
-    return load_windows(list(ticks), pipeline)
+    w = load_windows(list(ticks), pipeline)
+    want = tuple(bundle.manifest.inputs[0].shape[1:])
+    if tuple(w.x.shape[1:]) != want:
+        raise InputError(f"windows from {', '.join(w.source)} have shape {tuple(w.x.shape)}; the model takes "
+                         f"(N, {', '.join(map(str, want))})",
+                         hint="a tick file holds windows (N, *input_shape), or is a raw feed for the bundle's "
+                              "feature pipeline")
+    return w
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -249,6 +256,9 @@ def print_bench(report: dict) -> None:
     if report.get("start_delay_us"):
         d = report["start_delay_us"]
         out.print(f"start delay behind the recorded tick time: p50 {d['p50']:.1f} µs, p99 {d['p99']:.1f} µs")
+        if d["p50"] > lat["p50"]:
+            err.print(f"[bold yellow]warning:[/] the replay fell behind the recorded tick rate (x{report['speed']:g}): "
+                      "calls ran back to back; lower --speed to replay the capture's real gaps")
     fp = report["fingerprint"]
     r = report["runner"]
     out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']}, "

@@ -104,9 +104,14 @@ def print_report(report: Report, console: Console | None = None) -> None:
     console = console or Console()
     console.print(ops_table(report))
     counts = ", ".join(f"{k}: {v}" for k, v in report.counts.items())
-    console.print(f"ops by kernel: {counts}; {len(report.segments)} segment(s), "
-                  f"{report.boundary_copies} boundary copies")
+    console.print(f"ops by kernel: {counts}; {len(report.segments)} placement segment(s) "
+                  f"(accelerator/cpu runs), {report.boundary_copies} boundary copies")
     if report.drift:
         console.print(drift_table(report.drift))
+    g = report.golden
+    if "reference_kernels_path" in g:
+        console.print(f"golden outputs ({g['reference_path']}) vs LiteRT reference kernels: max diff "
+                      f"{g['max_diff_vs_reference_kernels']:g} (raw output units) on "
+                      f"{g['windows_differing_from_reference_kernels']} of {g['count']} windows")
     for n in report.notes:
         console.print(f"note: {n}")

@@ -105,6 +105,13 @@ def test_recorded_replay_needs_timestamps(deeplob_bundle, deeplob_windows, tmp_p
     assert res.exit_code == 3 and "needs tick timestamps" in res.output
 
 
+def test_tick_file_of_the_wrong_shape_names_the_file(deeplob_bundle, tmp_path):
+    np.save(tmp_path / "w.npy", np.zeros((10, 50, 40, 1), np.float32))
+    res = CliRunner().invoke(main, ["run", str(deeplob_bundle), "--ticks", str(tmp_path / "w.npy")])
+    assert res.exit_code == 3
+    assert "w.npy have shape (10, 50, 40, 1); the model takes (N, 100, 40, 1)" in " ".join(res.output.split())
+
+
 def test_strict_drift_gate_fails_and_writes_nothing(tmp_path):
     out = tmp_path / "strict"
     res = CliRunner().invoke(main, ["compile", str(DEEPLOB / "deeplob.keras"), "--calib", str(FEED_DAY1),

@@ -25,8 +25,9 @@ def test_wrong_shape(runner):
 
 
 def test_wrong_dtype(runner):
-    with pytest.raises(DTypeError, match="dtype int32, expected one of int8, float32, float64"):
+    with pytest.raises(DTypeError, match="dtype int32, expected one of int8, float32, float64") as exc:
         runner.predict(np.zeros((100, 40, 1), np.int32))
+    assert "pass float32 features" in exc.value.hint
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

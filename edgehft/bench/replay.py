@@ -113,7 +113,7 @@ def histogram_png(result: ReplayResult, path: str, title: str) -> None:
         ax.axvline(v, color=c, lw=1.2, label=f"p{p:g} {v:.1f} µs")
     ax.set_xlabel("predict latency (µs)")
     ax.set_ylabel("calls")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(f"{title}\n(x axis ends at p99.99; max {us.max():.1f} µs)", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

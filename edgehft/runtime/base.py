@@ -59,8 +59,11 @@ class InputSlot:
         else:
             accepted = [str(self.dtype)] + (["float32", "float64"] if self.quantized else
                                             ["float64"] if self.dtype == np.float32 else [])
+            hint = ("pass float32 features (they are quantized with the input's scale and zero point); "
+                    f"pass {self.dtype} only for windows that are already quantized") if self.quantized \
+                else f"pass x.astype(np.{self.dtype})"
             raise DTypeError(f"input {self.spec.name!r}: dtype {dt}, expected one of {', '.join(accepted)}",
-                             hint=f"pass x.astype(np.{accepted[0]})" if accepted else None)
+                             hint=hint)
 
     def quantize_into_dest(self, x: np.ndarray) -> None:
         """``dest = clamp(round_half_away(x / scale)) + zero_point`` (TFLite reference QUANTIZE)."""

@@ -133,7 +133,8 @@ def read_book_events(paths) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
                         seg.append(segment)
     if not rows:
         raise FeedError(f"no book events in {[str(p) for p in paths]}: the feed needs a depth stream "
-                        "and a REST snapshot line ('lastUpdateId') before the first diff")
+                        "and a REST snapshot line ('lastUpdateId') before the first diff; if this file "
+                        "continues an earlier capture, pass the earlier file (with the snapshot) first")
     rows = np.asarray(rows)
     mid = (rows[:, 0] + rows[:, 2]) / 2.0
     return rows, np.asarray(times, dtype=np.int64), mid, np.asarray(seg, dtype=np.int32)
