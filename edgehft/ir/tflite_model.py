@@ -5,7 +5,7 @@ tensorflow/lite/schema/schema.fbs) and nothing of TensorFlow, so boards can read
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ from edgehft.errors import InputError
 
 _OP_NAMES = {v: k for k, v in vars(tflite.BuiltinOperator).items() if k.isupper()}
 _TYPE_NAMES = {v: k.lower() for k, v in vars(tflite.TensorType).items() if k.isupper()}
+_OPTION_CLASSES = {v: k for k, v in vars(tflite.BuiltinOptions).items() if k[:1].isupper() and k != "NONE"}
 _NUMPY_DTYPES = {"float32", "float16", "float64", "int8", "uint8", "int16", "uint16", "int32",
                  "uint32", "int64", "uint64", "bool"}
 
@@ -63,6 +64,7 @@ class OpInfo:
     outputs: tuple[int, ...]
     custom_code: str | None
     custom_options: bytes
+    options: dict = field(default_factory=dict, compare=False)  # builtin options, schema field names
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,8 @@ class TFLiteModel:
             opts = op.CustomOptionsAsNumpy() if op.CustomOptionsLength() else None
             ops.append(OpInfo(k, name, code.Version(), tuple(op.InputsAsNumpy().tolist()) if op.InputsLength() else (),
                               tuple(op.OutputsAsNumpy().tolist()) if op.OutputsLength() else (),
-                              custom, bytes(opts.tobytes()) if opts is not None else b""))
+                              custom, bytes(opts.tobytes()) if opts is not None else b"",
+                              _builtin_options(op)))
         name = (g.Name() or b"").decode()
         ins = tuple(g.InputsAsNumpy().tolist()) if g.InputsLength() else ()
         outs = tuple(g.OutputsAsNumpy().tolist()) if g.OutputsLength() else ()
@@ -166,6 +169,35 @@ class TFLiteModel:
         has_data = buf > 0 and buf < self._m.BuffersLength() and self._m.Buffers(buf).DataLength() > 0
         return TensorInfo(index, (t.Name() or b"").decode(), shape, sig, dtype, quant, buf,
                           bool(has_data), bool(t.IsVariable()))
+
+
+def _builtin_options(op) -> dict:
+    """An operator's builtin options as ``{"StrideH": 2, "FusedActivationFunction": 0, ...}``.
+
+    Field names are the schema's (CamelCase accessors of the generated bindings); vector fields are
+    returned as lists. Unknown option tables give an empty dict.
+    """
+    cls_name = _OPTION_CLASSES.get(op.BuiltinOptionsType())
+    table = op.BuiltinOptions()
+    cls = getattr(tflite, cls_name, None) if cls_name else None
+    if cls is None or table is None:
+        return {}
+    obj = cls()
+    obj.Init(table.Bytes, table.Pos)
+    out = {}
+    for attr in dir(cls):
+        if (not attr[:1].isupper() or attr.startswith("GetRootAs") or attr == "Init"
+                or attr.endswith(("BufferHasIdentifier", "IsNone", "Length", "AsNumpy"))):
+            continue
+        if hasattr(cls, attr + "Length"):
+            n = getattr(obj, attr + "Length")()
+            out[attr] = [getattr(obj, attr)(j) for j in range(n)]
+            continue
+        try:
+            out[attr] = getattr(obj, attr)()
+        except TypeError:      # accessor that needs an argument we do not know
+            continue
+    return out
 
 
 def source_layer(tensor_name: str) -> str | None:
