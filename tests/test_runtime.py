@@ -7,6 +7,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from conftest import SHARED
 from edgehft import runtime
 from edgehft.errors import BundleError, DTypeError, InputError, NonFiniteInputError, ShapeError
 
@@ -123,3 +124,35 @@ def test_runtime_imports_without_tensorflow(deeplob_bundle):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().endswith("True")
+
+
+@pytest.mark.skipif(not (SHARED / "edgetpu_pairs").is_dir(), reason="../shared/data/edgetpu_pairs not present")
+def test_lstm_state_does_not_leak_between_windows(tmp_path):
+    """A fused int8 LSTM keeps its state in variable tensors that Invoke updates in place; every
+    predict must start from the initial state, as a fresh interpreter does."""
+    from ai_edge_litert.interpreter import Interpreter
+    from edgehft import runtime
+    from edgehft.compiler.pipeline import CompileOptions, compile_model
+    src = SHARED / "edgetpu_pairs" / "google-coral__test_data" / "keras_lstm_mnist_ptq.tflite"
+    compile_model(src, [], tmp_path / "b", CompileOptions(board="cpu"))
+    xs = (np.random.default_rng(1).random((12, 1, 28, 28)) * 60).astype(np.uint8)
+    fresh = []
+    for x in xs:
+        it = Interpreter(model_path=str(src))
+        it.allocate_tensors()
+        it.set_tensor(it.get_input_details()[0]["index"], x)
+        it.invoke()
+        fresh.append(it.get_tensor(it.get_output_details()[0]["index"]).copy())
+    # Without the reset a single interpreter drifts away from fresh ones after the first window.
+    carried = Interpreter(model_path=str(src))
+    carried.allocate_tensors()
+    drifted = 0
+    for x, f in zip(xs, fresh):
+        carried.set_tensor(carried.get_input_details()[0]["index"], x)
+        carried.invoke()
+        drifted += int(not np.array_equal(carried.get_tensor(carried.get_output_details()[0]["index"]), f))
+    assert drifted > 0
+    with runtime.open(tmp_path / "b") as r:
+        assert r.describe()["state_reset_per_call"] == 2
+        got = [r.predict_raw(x).copy() for x in xs]
+    assert all(np.array_equal(g, f) for g, f in zip(got, fresh))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from edgehft.boards import load_board
 from edgehft.bundle import Bundle, load_bundle
-from edgehft.errors import BundleError
+from edgehft.errors import BundleError, InputError
 from edgehft.runtime.base import Runner
 
 __all__ = ["open", "Runner"]
@@ -29,8 +29,11 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
         board: board name from the catalog; must be the bundle's board.
         threads: interpreter threads (1 for the lowest jitter).
         affinity: CPU ids to pin this process to (``os.sched_setaffinity``), or None to leave it.
-        options: backend-specific (cpu: ``op_resolver`` = ``auto`` | ``builtin`` | ``reference``).
+        options: backend-specific (cpu: ``op_resolver`` = ``auto`` | ``builtin`` | ``reference``;
+            coral: ``device`` = ``usb`` | ``usb:N`` | ``pci`` | ``pci:N``, ``emulate`` = run the int8 graph
+            on this CPU).
     Raises:
+        InputError: ``emulate``/``device`` given for the cpu board.
         BundleError: malformed bundle, files that do not match the manifest, or a board mismatch.
         BoardUnavailableError: the backend's library or device is missing on this machine.
     """
@@ -40,5 +43,8 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
     if name != b.manifest.board:
         raise BundleError(f"bundle {b.path} was compiled for board {b.manifest.board!r}, not {name!r}",
                           hint=f"compile it again with --board {name}")
+    if spec.backend == "cpu" and (options.get("emulate") or options.get("device")):
+        raise InputError(f"--emulate/--device apply to accelerator boards; {name} runs on this host's CPU",
+                         hint="drop the option, or open a bundle compiled for an accelerator board")
     module = importlib.import_module(f"edgehft.runtime.{spec.backend}")
     return module.Runner(b, spec, threads=threads, affinity=affinity, **options)

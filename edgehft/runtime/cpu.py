@@ -50,16 +50,29 @@ def interpreter_path(op_resolver: str = "auto") -> str:
 
 def make_interpreter(model_path: str, threads: int = 1, op_resolver: str = "auto"):
     """A LiteRT ``Interpreter`` with tensors allocated. ``op_resolver``: ``auto`` (optimized kernels +
-    the XNNPACK delegate), ``builtin`` (optimized kernels, no delegate), ``reference`` (reference kernels)."""
+    the XNNPACK delegate), ``builtin`` (optimized kernels, no delegate), ``reference`` (reference kernels).
+
+    Raises:
+        BundleError: ``model_path`` is an Edge TPU compiled model (``edgetpu-custom-op``), which needs the
+            Edge TPU delegate (see :func:`edgehft.runtime.coral.explain_interpreter_error`).
+        BoardUnavailableError: no TFLite interpreter is installed.
+    """
     if op_resolver not in OP_RESOLVERS:
         raise ValueError(f"op_resolver must be one of {OP_RESOLVERS}, got {op_resolver!r}")
     mod, _, _ = load_interpreter_module()
     kind = {"auto": mod.OpResolverType.AUTO,
             "builtin": mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
             "reference": mod.OpResolverType.BUILTIN_REF}[op_resolver]
-    interp = mod.Interpreter(model_path=str(model_path), num_threads=threads,
-                             experimental_op_resolver_type=kind)
-    interp.allocate_tensors()
+    try:
+        interp = mod.Interpreter(model_path=str(model_path), num_threads=threads,
+                                 experimental_op_resolver_type=kind)
+        interp.allocate_tensors()
+    except (RuntimeError, ValueError) as exc:
+        from edgehft.runtime.coral import explain_interpreter_error  # a compiled Edge TPU model?
+        err = explain_interpreter_error(exc, model_path=model_path)
+        if err is None:
+            raise
+        raise err from exc
     return interp
 
 
@@ -70,22 +83,48 @@ class Runner(_Runner):
         super().__init__(bundle, board, threads=threads, affinity=affinity)
         self.op_resolver = op_resolver
         self.path = interpreter_path(op_resolver)
-        self.interp = make_interpreter(bundle.model_path, self.threads, op_resolver)
-        m = bundle.manifest
-        self._zero_copy = self._views_are_stable(m)
+        self.interp = self._make_interpreter()
+        # Stateless models keep the recurrent state of a fused LSTM in variable tensors that Invoke
+        # updates in place: without a reset, window n would start from window n-1's final state.
+        self.stateful_tensors = _variable_tensors(self._loaded_model_file())
+        ins, outs = self._io_specs()
+        self._in_specs, self._out_specs = ins, outs
+        self._zero_copy = self._views_are_stable(ins + outs)
         if self._zero_copy:
-            self.inputs = [InputSlot(s, self.interp.tensor(s.index)()) for s in m.inputs]
-            self.outputs = [OutputSlot(s, self.interp.tensor(s.index)()) for s in m.outputs]
-            self._invoke = self.interp._interpreter.Invoke
+            self.inputs = [InputSlot(s, self.interp.tensor(s.index)()) for s in ins]
+            self.outputs = [OutputSlot(s, self.interp.tensor(s.index)()) for s in outs]
+            invoke = self.interp._interpreter.Invoke
+            if self.stateful_tensors:
+                reset = self.interp._interpreter.ResetVariableTensors
+
+                def invoke_from_zero_state():
+                    reset()
+                    invoke()
+                self._invoke = invoke_from_zero_state
+            else:
+                self._invoke = invoke
             self._bind_fast_paths()
         else:
-            self._staging_in = [np.empty(s.shape, dtype=s.dtype) for s in m.inputs]
-            self._staging_out = [np.empty(s.shape, dtype=s.dtype) for s in m.outputs]
-            self.inputs = [InputSlot(s, buf) for s, buf in zip(m.inputs, self._staging_in)]
-            self.outputs = [OutputSlot(s, buf) for s, buf in zip(m.outputs, self._staging_out)]
+            self._staging_in = [np.empty(s.shape, dtype=s.dtype) for s in ins]
+            self._staging_out = [np.empty(s.shape, dtype=s.dtype) for s in outs]
+            self.inputs = [InputSlot(s, buf) for s, buf in zip(ins, self._staging_in)]
+            self.outputs = [OutputSlot(s, buf) for s, buf in zip(outs, self._staging_out)]
 
-    def _views_are_stable(self, m) -> bool:
-        specs = list(m.inputs) + list(m.outputs)
+    def _make_interpreter(self):
+        """The interpreter with tensors allocated (hook: the coral backend adds the Edge TPU delegate)."""
+        return make_interpreter(self.bundle.model_path, self.threads, self.op_resolver)
+
+    def _loaded_model_file(self):
+        """The .tflite file the interpreter runs (hook: the coral backend runs the compiled model)."""
+        return self.bundle.model_path
+
+    def _io_specs(self) -> tuple[list, list]:
+        """``(inputs, outputs)`` TensorSpecs whose ``index`` is a tensor of ``self.interp`` (hook: a
+        compiled model numbers its tensors differently from the bundle's ``model.tflite``)."""
+        m = self.bundle.manifest
+        return list(m.inputs), list(m.outputs)
+
+    def _views_are_stable(self, specs) -> bool:
         details = {d["index"]: d for d in self.interp.get_input_details() + self.interp.get_output_details()}
         if any(-1 in list(details[s.index].get("shape_signature", [])) for s in specs):
             return False
@@ -95,21 +134,32 @@ class Runner(_Runner):
         return before == after
 
     def _invoke(self) -> None:  # safe path, replaced by the wrapper's Invoke when views are stable
-        for s, buf in zip(self.bundle.manifest.inputs, self._staging_in):
+        for s, buf in zip(self._in_specs, self._staging_in):
             self.interp.set_tensor(s.index, buf)
+        if self.stateful_tensors:
+            self.interp.reset_all_variables()
         self.interp.invoke()
-        for s, buf in zip(self.bundle.manifest.outputs, self._staging_out):
+        for s, buf in zip(self._out_specs, self._staging_out):
             np.copyto(buf, self.interp.get_tensor(s.index))
 
     def describe(self) -> dict:
         d = super().describe()
-        d.update(backend="cpu", interpreter=self.path, zero_copy=self._zero_copy)
+        d.update(backend="cpu", interpreter=self.path, zero_copy=self._zero_copy,
+                 state_reset_per_call=len(self.stateful_tensors))
         return d
 
     def close(self) -> None:
         super().close()
         self.inputs, self.outputs = [], []
         self.interp = None
+
+
+def _variable_tensors(model_file) -> list[str]:
+    """Names of the model's variable tensors (e.g. an int8 LSTM's hidden and cell state), which the
+    runner resets to their initial value (TFLite: zero point for int8, zero otherwise) before each call."""
+    from edgehft.ir import TFLiteModel
+    m = TFLiteModel.from_file(model_file)
+    return [t.name for g in m.subgraphs for t in g.tensors if t.is_variable]
 
 
 def delegated_ops(interp) -> dict[int, str]:
