@@ -92,6 +92,11 @@ class Manifest(BaseModel):
     golden: Golden | None = None
     features: Features | None = None
     toolchain: dict[str, str] = Field(default_factory=dict)
+    # Board-specific artifacts next to the int8 IR, by role, e.g. {"edgetpu_model": "model_edgetpu.tflite"}
+    # (the Edge TPU compiler's output) -- relative paths, also listed in ``files``.
+    artifacts: dict[str, str] = Field(default_factory=dict)
+    # What the accelerator needs at run time, e.g. {"min_runtime_version": 14, "compiler_version": "16.0…"}.
+    accelerator: dict = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)    # relative path -> sha256 (all but manifest)
 
 

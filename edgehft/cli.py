@@ -46,6 +46,21 @@ board_opt = click.option("--board", default=None, help="Board name (see `edgehft
 threads_opt = click.option("--threads", default=1, show_default=True, help="Interpreter threads.")
 affinity_opt = click.option("--affinity", default=None,
                             help="Pin to these CPUs, e.g. '1' or '0,1' (os.sched_setaffinity).")
+emulate_opt = click.option("--emulate", is_flag=True,
+                           help="Accelerator boards: run the bundle's int8 graph on this CPU instead of the "
+                                "device (outputs checkable, timing not representative); says so in the output.")
+device_opt = click.option("--device", default=None, help="Accelerator device, e.g. usb, usb:1, pci:0 (Edge TPU).")
+
+
+def _backend_options(emulate: bool, device: str | None) -> dict:
+    opts = {}
+    if emulate:
+        opts["emulate"] = True
+    if device:
+        opts["device"] = device
+    return opts
+
+
 ticks_opt = click.option("--ticks", "ticks", multiple=True, type=click.Path(exists=True, dir_okay=False),
                          help="Windows (.npy/.npz) or raw feed files for the bundle's feature pipeline; "
                               "repeat for several files, read as one stream.")
@@ -85,8 +100,9 @@ def main() -> None:
 @main.command("compile")
 @click.argument("model", type=click.Path(exists=True))
 @click.option("--board", default="cpu", show_default=True, help="Target board (see `edgehft boards`).")
-@click.option("--calib", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Calibration ticks: windows (.npy/.npz) or raw feed files; repeat for several.")
+@click.option("--calib", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Calibration ticks: windows (.npy/.npz) or raw feed files; repeat for several. Required "
+                   "for Keras models; for a quantized .tflite only used for golden vectors.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
 @click.option("--quant", type=click.Choice(["int8", "dynamic", "fp16", "float"]), default=None,
               help="Quantization (default: the board's, int8 for cpu).")
@@ -100,16 +116,26 @@ def main() -> None:
 @click.option("--lowering", type=click.Choice(["auto", "native"]), default="auto", show_default=True,
               help="native: no tf-keras rebuild and no pre-conversion checks; the graph goes to the "
                    "converter as is (diagnosis only).")
+@click.option("--min-runtime", "-m", "min_runtime", type=int, default=None,
+              help="Edge TPU boards: edgetpu_compiler -m (default: the board's runtime version).")
+@click.option("--allow-multiple-subgraphs", "-a", "multi", is_flag=True, default=None,
+              help="Edge TPU boards: edgetpu_compiler -a (more subgraphs, more host<->TPU copies).")
+@click.option("--intermediate-tensors", "-i", "cut", default=None,
+              help="Edge TPU boards: edgetpu_compiler -i t1,t2 (end the Edge TPU part at these tensors).")
 @json_opt
 @handles_errors
 def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, drift_windows, golden_count,
-                drift_threshold, strict, timeout_s, lowering, as_json):
-    """Quantize MODEL (.keras, .h5 or SavedModel dir) for a board and write a bundle."""
+                drift_threshold, strict, timeout_s, lowering, min_runtime, multi, cut, as_json):
+    """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
+    partition it, and write a bundle."""
+    from edgehft.compiler.coral import EdgeTPUFlags
     from edgehft.compiler.pipeline import CompileOptions, compile_model
     from edgehft.report import print_report
+    edgetpu = EdgeTPUFlags(min_runtime, multi, tuple(c for c in cut.split(",") if c) if cut else None)
     opts = CompileOptions(board=board, quant=quant, features=features, calib_windows=calib_windows,
                           drift_windows=drift_windows, golden_count=golden_count,
-                          drift_threshold=drift_threshold, strict=strict, timeout_s=timeout_s, lowering=lowering)
+                          drift_threshold=drift_threshold, strict=strict, timeout_s=timeout_s, lowering=lowering,
+                          edgetpu=edgetpu)
     if as_json:
         res = compile_model(model, list(calib), out_dir, opts)
     else:
@@ -124,9 +150,12 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
     for w in res.warnings:
         err.print(f"[bold yellow]warning:[/] {w}")
     m = res.bundle.manifest
-    out.print(f"bundle [bold]{res.bundle.path}[/]: board {m.board}, {m.quantization.mode}, "
-              f"{m.quantization.calibration_windows} calibration windows "
-              f"(sha256 {m.quantization.calibration_sha256[:12]}…), {m.golden.count} golden vectors")
+    calib_text = (f"{m.quantization.calibration_windows} calibration windows "
+                  f"(sha256 {m.quantization.calibration_sha256[:12]}…)" if m.quantization.calibration_sha256
+                  else "taken as is (no calibration)")
+    extra = f", compiled: {', '.join(m.artifacts.values())}" if m.artifacts else ""
+    out.print(f"bundle [bold]{res.bundle.path}[/]: board {m.board}, {m.quantization.mode}, {calib_text}, "
+              f"{m.golden.count} golden vectors{extra}")
 
 
 @main.command("run")
@@ -137,14 +166,18 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
 @board_opt
 @threads_opt
 @affinity_opt
+@emulate_opt
+@device_opt
 @json_opt
 @handles_errors
-def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, as_json):
+def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, emulate, device, as_json):
     """Print predictions for TICKS, or check the golden vectors with --golden."""
     from edgehft import runtime
     if not ticks and not golden:
         raise click.UsageError("give --ticks FILE or --golden")
-    with runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity)) as r:
+    with runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity),
+                      **_backend_options(emulate, device)) as r:
+        _say_emulated(r, as_json)
         if golden:
             result = check_golden(r)
             if as_json:
@@ -183,6 +216,12 @@ def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, as_json):
         out.print(t)
 
 
+def _say_emulated(runner, as_json: bool) -> None:
+    if runner.emulated and not as_json:
+        note = runner.describe().get("note") or "emulated board"
+        err.print(f"[bold magenta]EMULATED[/] {runner.board}: {note}", highlight=False)
+
+
 def check_golden(runner) -> dict:
     """Run the bundle's golden inputs through ``runner``; compare as the manifest says."""
     g = runner.bundle.manifest.golden
@@ -217,17 +256,21 @@ def check_golden(runner) -> dict:
 @board_opt
 @threads_opt
 @affinity_opt
+@emulate_opt
+@device_opt
 @json_opt
 @handles_errors
 def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, board, threads,
-              affinity, as_json):
+              affinity, emulate, device, as_json):
     """Replay real ticks through BUNDLE and print latency percentiles in µs."""
     from edgehft import runtime
     from edgehft.bench.fingerprint import machine_fingerprint
     from edgehft.bench.replay import histogram_png, replay
     if not ticks:
         raise click.UsageError("give --ticks FILE")
-    with runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity)) as r:
+    with runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity),
+                      **_backend_options(emulate, device)) as r:
+        _say_emulated(r, as_json)
         w = _bundle_windows(r.bundle, ticks)
         x = np.ascontiguousarray(w.x, dtype=np.float32)
         res = replay(r.predict, x, w.t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,
@@ -269,39 +312,7 @@ def print_bench(report: dict) -> None:
         out.print(f"histogram: {report['plot']}")
 
 
-@main.command("report")
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
-@json_opt
-@handles_errors
-def report_cmd(bundle, as_json):
-    """Show a bundle's op placement report and drift figures."""
-    from edgehft.bundle import load_bundle
-    from edgehft.report import Report, print_report
-    b = load_bundle(bundle)
-    rep = Report(**b.report())
-    if as_json:
-        click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
-        return
-    print_report(rep, out)
-
-
-@main.command("boards")
-@json_opt
-@handles_errors
-def boards_cmd(as_json):
-    """List the board catalog."""
-    from edgehft.boards import list_boards
-    boards = list_boards()
-    if as_json:
-        click.echo(json.dumps([b.model_dump() for b in boards]))
-        return
-    t = Table(title="boards", title_justify="left")
-    for c in ("name", "backend", "quantization", "p99 budget µs", "description"):
-        t.add_column(c)
-    for b in boards:
-        t.add_row(b.name, b.backend, ", ".join(b.quantization), str(b.latency_budget_us.get("p99", "")),
-                  b.description)
-    out.print(t)
+from edgehft import cli_inspect  # noqa: E402,F401  (registers report and boards)
 
 
 if __name__ == "__main__":

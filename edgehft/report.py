@@ -24,6 +24,8 @@ class OpPlacement(BaseModel):
     fix: str | None = None
     kernel: str | None = None
     dtype: str | None = None          # dtype of the op's first output
+    status: str | None = None         # the vendor tool's own status string (e.g. edgetpu_compiler's log)
+    subgraph: int | None = None       # which accelerator subgraph (custom op / engine / overlay call)
 
 
 class Segment(BaseModel):
@@ -63,6 +65,9 @@ class Report(BaseModel):
     drift: Drift | None = None
     golden: dict = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
+    summary: list[str] = Field(default_factory=list)          # what maps, what falls back, what to change
+    disagreements: list[dict] = Field(default_factory=list)   # prediction vs the vendor tool, per op
+    accelerator: dict = Field(default_factory=dict)           # vendor details: flags, log rows, boundary
 
 
 def segments_of(ops: list[OpPlacement]) -> list[Segment]:
@@ -79,12 +84,20 @@ def segments_of(ops: list[OpPlacement]) -> list[Segment]:
 def ops_table(report: Report) -> Table:
     t = Table(title=f"{report.board}: {len(report.ops)} ops, placement {report.verdict} "
                     f"({report.verdict_source})", title_justify="left")
-    for col, kw in (("#", {"justify": "right"}), ("op", {}), ("layer", {}), ("dtype", {}),
-                    ("placement", {}), ("kernel", {}), ("reason", {})):
+    vendor = any(op.status for op in report.ops)
+    cols = [("#", {"justify": "right"}), ("op", {}), ("layer", {}), ("dtype", {}), ("placement", {})]
+    cols += [("status", {"ratio": 2})] if vendor else [("kernel", {})]
+    for col, kw in cols + [("reason", {"ratio": 3} if vendor else {})]:
         t.add_column(col, **kw)
     for op in report.ops:
-        reason = op.reason + (f" — fix: {op.fix}" if op.fix else "")
-        t.add_row(str(op.index), op.op, op.layer or "", op.dtype or "", op.placement, op.kernel or "", reason)
+        if vendor:
+            reason = "" if op.placement == "accelerator" else f"{op.reason_code}: {op.reason}"
+        else:
+            reason = op.reason
+        reason += f" — fix: {op.fix}" if op.fix else ""
+        where = op.placement + (f" #{op.subgraph}" if op.subgraph is not None else "")
+        mid = [op.status or ""] if vendor else [op.kernel or ""]
+        t.add_row(str(op.index), op.op, op.layer or "", op.dtype or "", where, *mid, reason)
     return t
 
 
@@ -104,8 +117,13 @@ def print_report(report: Report, console: Console | None = None) -> None:
     console = console or Console()
     console.print(ops_table(report))
     counts = ", ".join(f"{k}: {v}" for k, v in report.counts.items())
-    console.print(f"ops by kernel: {counts}; {len(report.segments)} placement segment(s) "
-                  f"(accelerator/cpu runs), {report.boundary_copies} boundary copies")
+    console.print(f"ops by {'placement' if any(o.status for o in report.ops) else 'kernel'}: {counts}; "
+                  f"{len(report.segments)} segment(s), {report.boundary_copies} boundary copies")
+    for d in report.disagreements:
+        console.print(f"[yellow]disagreement[/]: #{d['index']} {d['op']}: predicted {d['predicted']}, "
+                      f"{report.verdict_source} says {d['actual']}")
+    for line in report.summary:
+        console.print(f"[bold]•[/] {line}", highlight=False)
     if report.drift:
         console.print(drift_table(report.drift))
     g = report.golden

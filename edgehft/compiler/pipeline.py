@@ -5,7 +5,6 @@ run the quantized model on the CPU runtime (golden vectors, drift) -> report -> 
 """
 from __future__ import annotations
 
-import io
 import platform
 import shutil
 import tempfile
@@ -19,13 +18,14 @@ from edgehft import __version__
 from edgehft.boards import load_board
 from edgehft.bundle import (Bundle, Features, Golden, Manifest, Quantization, SourceModel, TensorSpec,
                             sha256_arrays, sha256_file, write_bundle)
+from edgehft.compiler import coral
 from edgehft.compiler.drift import measure_drift
+from edgehft.compiler.golden import golden_npz, reference_kernel_diff, run_golden
 from edgehft.compiler.isolate import run_worker
 from edgehft.errors import DriftError, InputError, LoweringError
 from edgehft.ir import TFLiteModel
 from edgehft.ir.tflite_model import source_layer
 from edgehft.report import OpPlacement, Report, segments_of
-from edgehft.runtime import cpu as cpu_runtime
 from edgehft.windows import load_windows, parse_pipeline, sidecar_pipeline
 
 _RECURRENT_FIX = {"LSTM": "build the model with keras.Input of a static shape; avoid stateful=True / masking",
@@ -45,6 +45,7 @@ class CompileOptions:
     timeout_s: float = 1800.0
     lowering: str = "auto"                   # auto | native (Keras 3 graph as is; for diagnosis)
     seed: int = 0
+    edgetpu: "coral.EdgeTPUFlags | None" = None   # -m / -a / -i overrides for Coral boards
 
 
 @dataclass
@@ -101,14 +102,16 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
     """Compile ``model`` for ``opts.board`` into the bundle directory ``out``.
 
     Args:
-        model: ``.keras`` / ``.h5`` file or SavedModel directory.
+        model: ``.keras`` / ``.h5`` file or SavedModel directory (quantized here, calibrated on
+            ``calib``), or an already quantized ``.tflite`` (taken as is; ``calib`` optional, used for
+            golden vectors only).
         calib: ``.npy``/``.npz`` windows or raw feed files (through the feature pipeline); split
             deterministically into calibration windows and held-out drift windows.
     Returns:
         the written bundle, its report and warnings (e.g. drift over the threshold without strict).
     Raises:
         InputError: bad model path, board/quantization mismatch, bad or non-finite windows.
-        ConverterError / LoweringError: the converter crashed, hung or could not lower a layer.
+        ConverterError / LoweringError: the converter (or edgetpu_compiler) crashed, hung or refused.
         DriftError: drift over the threshold with ``strict`` (nothing is written).
     """
     opts = opts or CompileOptions()
@@ -117,12 +120,114 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
     if not model.exists():
         raise InputError(f"no such model: {model}")
     board = load_board(opts.board)
+    as_is = model.suffix == ".tflite"
     quant = opts.quant or board.default_quantization
-    if quant not in board.quantization:
+    if quant not in board.quantization and not as_is:
         raise InputError(f"board {board.name} does not take --quant {quant}",
                          hint=f"choose one of {', '.join(board.quantization)}")
     pipeline = parse_pipeline(opts.features, Path.cwd()) if opts.features else sidecar_pipeline(model)
-    say("load calibration windows")
+    if not calib and not as_is:
+        raise InputError("--calib is required to quantize a Keras model", hint="pass tick windows or raw feeds")
+    x, source = _load_calib(calib, pipeline) if calib else (None, [])
+    warnings: list[str] = []
+
+    with tempfile.TemporaryDirectory(prefix="edgehft-compile-") as tmp:
+        work = Path(tmp)
+        if as_is:
+            model_file, info, cal, held, float_outs, quant = _take_tflite(model, x, board, opts)
+        else:
+            order = np.random.default_rng(opts.seed).permutation(len(x))
+            n_cal = min(opts.calib_windows, max(1, len(x) // 2))
+            cal, held = x[order[:n_cal]], x[order[n_cal:n_cal + opts.drift_windows]]
+            np.savez(work / "calib.npz", x=cal)
+            np.savez(work / "eval.npz", x=held)
+            req = {"model": str(model.resolve()), "quant": quant, "lowering": opts.lowering,
+                   "calib_npz": str(work / "calib.npz"), "eval_npz": str(work / "eval.npz")}
+            if board.backend == "coral":
+                req["io_dtype"] = coral.io_dtype(board)
+            info = run_worker(req, work / "worker", timeout_s=opts.timeout_s, on_stage=say)
+            model_file = work / "worker" / "model.tflite"
+            with np.load(work / "worker" / "float_outputs.npz") as z:
+                float_outs = [z[f"out{k}"] for k in range(len(z.files))]
+        ir = TFLiteModel.from_file(model_file)
+        _check_no_loops(ir, info["layers"])
+        inputs = [_spec(ir, i, info["input_names"][k]) for k, i in enumerate(ir.main.inputs)]
+        out_names = info["output_names"]
+        outputs = [_spec(ir, i, out_names[k] if k < len(out_names) else f"output_{k}")
+                   for k, i in enumerate(ir.main.outputs)]
+
+        say("golden vectors and drift on the cpu runtime")
+        manifest = Manifest(board=board.name, backend=board.backend, model_file="model.tflite",
+                            source=SourceModel(file=model.name, sha256=_model_sha(model),
+                                               flavour=info["flavour"], lowering=info["lowering"]),
+                            quantization=Quantization(mode=quant,
+                                                      calibration_sha256=sha256_arrays(cal) if cal is not None else None,
+                                                      calibration_windows=len(cal) if cal is not None else 0,
+                                                      calibration_source=source,
+                                                      drift_windows=len(held) if held is not None else 0),
+                            inputs=inputs, outputs=outputs)
+        shutil.copyfile(model_file, work / "model.tflite")
+        draft = Bundle(work, manifest)
+        gold = run_golden(draft, board, held, opts.golden_count, opts.seed)
+        ref_diff = reference_kernel_diff(draft, board, gold.inputs, gold.outputs)
+        drift = None
+        if float_outs is not None:
+            drift = measure_drift(float_outs, gold.dequantized, [o.name for o in outputs],
+                                  [_is_classifier(ir, o.index) for o in outputs], opts.drift_threshold,
+                                  reference=f"Keras float model ({info['flavour']})",
+                                  candidate=f"{quant} on {gold.path}")
+            if not drift.passed:
+                worst = max(drift.outputs, key=lambda o: o.mae_rel)
+                msg = (f"drift over the gate: output {worst.name!r} relative MAE {worst.mae_rel:.2%} > "
+                       f"{opts.drift_threshold:.2%}")
+                if opts.strict:
+                    raise DriftError(msg + "; nothing was written",
+                                     hint="calibrate on more representative ticks, or try --quant dynamic/fp16")
+                warnings.append(msg)
+        g = len(gold.inputs[0])
+        integer = all(np.dtype(o.dtype).kind in "iu" for o in outputs)
+        manifest.golden = Golden(count=g, reference_path=gold.path, compare="exact" if integer else "allclose",
+                                 atol=0.0 if integer else 1e-5)
+        golden = {"count": g, "reference_path": gold.path, "inputs": gold.source, **ref_diff}
+        files: dict[str, bytes | Path] = {"model.tflite": model_file, "golden.npz": golden_npz(
+            inputs, outputs, gold.inputs, gold.outputs)}
+        manifest.toolchain = {**info["versions"], "edgehft": __version__, "interpreter": gold.path,
+                              "python": platform.python_version()}
+        if board.backend == "coral":
+            stage = coral.coral_stage(model_file, work, board, opts.edgetpu, timeout_s=opts.timeout_s, say=say)
+            report = stage.report
+            report.drift, report.golden = drift, golden
+            report.notes.append(f"golden outputs come from the int8 graph on {gold.path}; on an Edge TPU "
+                                "they are compared bit for bit with what the TPU computes")
+            files.update(stage.files)
+            manifest.artifacts, manifest.accelerator = stage.artifacts, stage.accelerator
+            manifest.toolchain.update(stage.toolchain)
+            warnings += stage.warnings
+        else:
+            ops = _op_report(ir, gold.kernels, info["layers"])
+            counts: dict[str, int] = {}
+            for op in ops:
+                counts[op.kernel] = counts.get(op.kernel, 0) + 1
+            report = Report(board=board.name, verdict="confirmed", verdict_source=gold.path, ops=ops,
+                            counts=counts, segments=segments_of(ops), boundary_copies=0, drift=drift,
+                            golden=golden,
+                            notes=[f"the {board.name} board runs every op on the host CPU; 'kernel' says "
+                                   "whether XNNPACK or LiteRT's builtin kernel runs it"])
+        if drift is None:
+            report.notes.append("no drift figures: the model came quantized (.tflite), so there is no float "
+                                "reference to compare with")
+        if pipeline is not None:
+            if pipeline.file is not None:
+                files[f"features/{pipeline.file.name}"] = pipeline.file
+                manifest.features = Features(file=f"features/{pipeline.file.name}", callable=pipeline.callable)
+            else:
+                manifest.features = Features(file="", callable=pipeline.spec)
+        say("write bundle")
+        bundle = write_bundle(out, manifest, files, report=report.model_dump())
+    return CompileResult(bundle, report, warnings)
+
+
+def _load_calib(calib, pipeline) -> tuple[np.ndarray, list[str]]:
     w = load_windows(calib, pipeline)
     x = np.asarray(w.x, dtype=np.float32)
     bad = ~np.isfinite(x)
@@ -132,93 +237,32 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                          hint="repair or drop those ticks before calibrating")
     if len(x) < 2:
         raise InputError(f"{len(x)} calibration window(s): at least 2 are needed (calibration + held-out)")
-    order = np.random.default_rng(opts.seed).permutation(len(x))
-    n_cal = min(opts.calib_windows, max(1, len(x) // 2))
-    cal, held = x[order[:n_cal]], x[order[n_cal:n_cal + opts.drift_windows]]
-    warnings: list[str] = []
+    return x, w.source
 
-    with tempfile.TemporaryDirectory(prefix="edgehft-compile-") as tmp:
-        work = Path(tmp)
-        np.savez(work / "calib.npz", x=cal)
-        np.savez(work / "eval.npz", x=held)
-        info = run_worker({"model": str(model.resolve()), "quant": quant, "lowering": opts.lowering,
-                           "calib_npz": str(work / "calib.npz"), "eval_npz": str(work / "eval.npz")},
-                          work / "worker", timeout_s=opts.timeout_s, on_stage=say)
-        model_file = work / "worker" / "model.tflite"
-        ir = TFLiteModel.from_file(model_file)
-        _check_no_loops(ir, info["layers"])
-        inputs = [_spec(ir, i, info["input_name"]) for i in ir.main.inputs]
-        out_names = info["output_names"]
-        outputs = [_spec(ir, i, out_names[k] if k < len(out_names) else f"output_{k}")
-                   for k, i in enumerate(ir.main.outputs)]
-        with np.load(work / "worker" / "float_outputs.npz") as z:
-            float_outs = [z[f"out{k}"] for k in range(len(outputs))]
 
-        say("golden vectors and drift on the cpu runtime")
-        manifest = Manifest(board=board.name, backend=board.backend, model_file="model.tflite",
-                            source=SourceModel(file=model.name, sha256=_model_sha(model),
-                                               flavour=info["flavour"], lowering=info["lowering"]),
-                            quantization=Quantization(mode=quant, calibration_sha256=sha256_arrays(cal),
-                                                      calibration_windows=len(cal),
-                                                      calibration_source=w.source,
-                                                      drift_windows=len(held)),
-                            inputs=inputs, outputs=outputs)
-        shutil.copyfile(model_file, work / "model.tflite")
-        draft = Bundle(work, manifest)
-        runner = cpu_runtime.Runner(draft, board, threads=1)
-        deq = [np.empty((len(held), *o.shape[1:]), np.float32) for o in outputs]
-        g = min(opts.golden_count, len(held))
-        g_in = [np.empty((g, *s.shape[1:]), np.dtype(s.dtype)) for s in inputs]
-        g_out = [np.empty((g, *o.shape[1:]), np.dtype(o.dtype)) for o in outputs]
-        for n in range(len(held)):
-            res = runner.predict(held[n])
-            for k, r in enumerate(res if isinstance(res, tuple) else (res,)):
-                deq[k][n] = r[0]
-            if n < g:
-                g_in[0][n] = runner.inputs[0].dest[0]
-                for k, slot in enumerate(runner.outputs):
-                    g_out[k][n] = slot.src[0]
-        kernels = cpu_runtime.delegated_ops(runner.interp)
-        ref_diff = _reference_kernel_diff(draft, board, g_in, g_out)
-        path = runner.path
-        runner.close()
-
-        drift = measure_drift(float_outs, deq, [o.name for o in outputs],
-                              [_is_classifier(ir, o.index) for o in outputs], opts.drift_threshold,
-                              reference=f"Keras float model ({info['flavour']})", candidate=f"{quant} on {path}")
-        if not drift.passed:
-            worst = max(drift.outputs, key=lambda o: o.mae_rel)
-            msg = (f"drift over the gate: output {worst.name!r} relative MAE {worst.mae_rel:.2%} > "
-                   f"{opts.drift_threshold:.2%}")
-            if opts.strict:
-                raise DriftError(msg + "; nothing was written",
-                                 hint="calibrate on more representative ticks, or try --quant dynamic/fp16")
-            warnings.append(msg)
-        ops = _op_report(ir, kernels, info["layers"])
-        counts: dict[str, int] = {}
-        for op in ops:
-            counts[op.kernel] = counts.get(op.kernel, 0) + 1
-        integer = all(np.dtype(o.dtype).kind in "iu" for o in outputs)
-        manifest.golden = Golden(count=g, reference_path=path, compare="exact" if integer else "allclose",
-                                 atol=0.0 if integer else 1e-5)
-        report = Report(board=board.name, verdict="confirmed", verdict_source=path, ops=ops, counts=counts,
-                        segments=segments_of(ops), boundary_copies=0, drift=drift,
-                        golden={"count": g, "reference_path": path, **ref_diff},
-                        notes=[f"the {board.name} board runs every op on the host CPU; 'kernel' says whether "
-                               "XNNPACK or LiteRT's builtin kernel runs it"])
-        files: dict[str, bytes | Path] = {"model.tflite": model_file, "golden.npz": _golden_npz(
-            inputs, outputs, g_in, g_out)}
-        if pipeline is not None:
-            if pipeline.file is not None:
-                files[f"features/{pipeline.file.name}"] = pipeline.file
-                manifest.features = Features(file=f"features/{pipeline.file.name}", callable=pipeline.callable)
-            else:
-                manifest.features = Features(file="", callable=pipeline.spec)
-        manifest.toolchain = {**info["versions"], "edgehft": __version__, "interpreter": path,
-                              "python": platform.python_version()}
-        say("write bundle")
-        bundle = write_bundle(out, manifest, files, report=report.model_dump())
-    return CompileResult(bundle, report, warnings)
+def _take_tflite(model: Path, x, board, opts):
+    """An already quantized .tflite: checked and taken as is (no converter, no drift)."""
+    from edgehft.ir.edgetpu_package import is_compiled
+    ir = TFLiteModel.from_file(model)
+    if is_compiled(ir):
+        raise InputError(f"{model} is already compiled for the Edge TPU",
+                         hint=f"inspect it with `edgehft report {model}`; compile the CPU model it came from")
+    g = ir.main
+    mode = "int8" if all(g.tensors[i].dtype in ("int8", "uint8") for i in g.inputs) else "float"
+    if mode == "float" and any(op.name == "QUANTIZE" for op in g.ops):
+        mode = "int8"                              # full-integer inside, float I/O
+    if x is not None:
+        want = tuple(g.tensors[g.inputs[0]].shape[1:])
+        if len(g.inputs) != 1 or tuple(x.shape[1:]) != want:
+            raise InputError(f"--calib windows have shape {x.shape[1:]}; {model.name} takes {want}"
+                             + (f" and {len(g.inputs)} inputs" if len(g.inputs) != 1 else ""),
+                             hint="give windows of the model's input shape, or no --calib (random golden inputs)")
+    names = [g.tensors[i].name.split(":")[0] for i in g.inputs]
+    info = {"flavour": "tflite", "lowering": "as-is (already quantized .tflite)", "input_names": names,
+            "output_names": [g.tensors[i].name.split(":")[0] for i in g.outputs], "layers": [],
+            "versions": {}}
+    held = x[:opts.drift_windows] if x is not None else None
+    return model, info, None, held, None, mode
 
 
 def _model_sha(model: Path) -> str:
@@ -230,28 +274,3 @@ def _model_sha(model: Path) -> str:
         h.update(str(f.relative_to(model)).encode())
         h.update(sha256_file(f).encode())
     return h.hexdigest()
-
-
-def _golden_npz(inputs, outputs, g_in, g_out) -> bytes:
-    buf = io.BytesIO()
-    arrays = {f"inputs/{s.name}": a for s, a in zip(inputs, g_in)}
-    arrays.update({f"outputs/{s.name}": a for s, a in zip(outputs, g_out)})
-    np.savez(buf, **arrays)
-    return buf.getvalue()
-
-
-def _reference_kernel_diff(draft: Bundle, board, g_in, g_out) -> dict:
-    """How the golden outputs compare with LiteRT's reference kernels (BUILTIN_REF), in output LSBs."""
-    ref = cpu_runtime.Runner(draft, board, threads=1, op_resolver="reference")
-    worst, differing = 0.0, 0
-    for n in range(len(g_in[0])):
-        res = ref.predict_raw(*(a[n:n + 1] for a in g_in))
-        diffs = [np.abs(np.asarray(r, np.float64) - o[n:n + 1].astype(np.float64)).max()
-                 for r, o in zip(res if isinstance(res, tuple) else (res,), g_out)]
-        d = max(diffs)
-        worst = max(worst, float(d))
-        differing += int(d > 0)
-    path = ref.path
-    ref.close()
-    return {"reference_kernels_path": path, "max_diff_vs_reference_kernels": worst,
-            "windows_differing_from_reference_kernels": differing}

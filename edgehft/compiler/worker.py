@@ -131,8 +131,9 @@ def convert(req: dict, out: Path) -> None:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.representative_dataset = representative
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        converter.inference_input_type = tf.int8
-        converter.inference_output_type = tf.int8
+        io = tf.uint8 if req.get("io_dtype") == "uint8" else tf.int8   # uint8 for old Edge TPU runtimes
+        converter.inference_input_type = io
+        converter.inference_output_type = io
     elif quant == "dynamic":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     elif quant == "fp16":
@@ -148,7 +149,7 @@ def convert(req: dict, out: Path) -> None:
                                          "quantization mode supports") from exc
     (out / "model.tflite").write_bytes(flat)
     np.savez(out / "float_outputs.npz", **{f"out{i}": y for i, y in enumerate(float_outs)})
-    info = {"flavour": flavour, "lowering": lowering, "input_name": in_name, "input_shape": list(in_shape),
+    info = {"flavour": flavour, "lowering": lowering, "input_names": [in_name], "input_shape": list(in_shape),
             "output_names": out_names, "layers": layers, "versions": _versions()}
     (out / "info.json").write_text(json.dumps(info, indent=1))
     _stage(out, "done")

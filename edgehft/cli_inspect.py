@@ -1,0 +1,151 @@
+"""``edgehft report`` and ``edgehft boards``: look at bundles, models and the board catalog."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from edgehft.cli import handles_errors, json_opt, main, out
+from edgehft.errors import InputError
+
+
+@main.command("report")
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--board", default=None,
+              help="For a .tflite: the board to predict the partition for (default coral-usb).")
+@click.option("--cpu-model", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="For a compiled *_edgetpu.tflite: the CPU model it was compiled from "
+                   "(default: the sibling file without _edgetpu, when it exists).")
+@click.option("--min-runtime", "-m", "min_runtime", type=int, default=None, help="Edge TPU: -m to model.")
+@click.option("--allow-multiple-subgraphs", "-a", "multi", is_flag=True, default=None,
+              help="Edge TPU: model -a.")
+@click.option("--intermediate-tensors", "-i", "cut", default=None, help="Edge TPU: model -i t1,t2.")
+@json_opt
+@handles_errors
+def report_cmd(path, board, cpu_model, min_runtime, multi, cut, as_json):
+    """Show the op placement report of PATH: a bundle directory, a quantized .tflite (predicted
+    partition for --board), or a compiled *_edgetpu.tflite (what is inside the edgetpu-custom-op)."""
+    from edgehft.report import Report, print_report
+    p = Path(path)
+    if p.is_dir():
+        from edgehft.bundle import load_bundle
+        b = load_bundle(p)
+        rep = Report(**b.report())
+        if as_json:
+            click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
+            return
+        print_report(rep, out)
+        return
+    from edgehft.ir import TFLiteModel
+    from edgehft.ir.edgetpu_package import is_compiled
+    model = TFLiteModel.from_file(p)
+    if is_compiled(model):
+        _compiled_report(model, p, cpu_model, as_json)
+        return
+    from edgehft.boards import load_board
+    from edgehft.compiler.coral import EdgeTPUFlags, edgetpu_options
+    from edgehft.partition.edgetpu_report import edgetpu_report
+    spec = load_board(board or "coral-usb")
+    if spec.backend != "coral":
+        raise InputError(f"a .tflite partition prediction is available for Coral boards, not {spec.name}",
+                         hint="pass --board coral-usb (or coral-m2, coral-pcie, coral-devboard)")
+    flags = EdgeTPUFlags(min_runtime, multi, tuple(c for c in cut.split(",") if c) if cut else None)
+    rep = edgetpu_report(model, spec.name, edgetpu_options(spec, flags))
+    if as_json:
+        click.echo(json.dumps({"model": str(p), "report": rep.model_dump()}))
+        return
+    print_report(rep, out)
+
+
+def _compiled_report(model, path: Path, cpu_model: str | None, as_json: bool) -> None:
+    from edgehft.ir import TFLiteModel
+    from edgehft.partition.edgetpu import predict
+    from edgehft.partition.edgetpu_compiled import compare, read_compiled
+    sibling = path.with_name(path.name.replace("_edgetpu.tflite", ".tflite"))
+    src = Path(cpu_model) if cpu_model else (sibling if sibling != path and sibling.is_file() else None)
+    cpu = TFLiteModel.from_file(src) if src else None
+    placed = read_compiled(model, cpu)
+    result = {"model": str(path), "cpu_model": str(src) if src else None,
+              "min_runtime_version": placed.min_runtime_version,
+              "custom_ops": [vars(c) for c in placed.custom_ops], "layout": placed.layout}
+    agreement = None
+    if cpu is not None:
+        part = predict(cpu)
+        agreement = compare(part, placed)
+        names = {op.index: op.name for op in cpu.main.ops}
+        result.update(cpu_ops=[{"index": k, "op": names[k]} for k in placed.cpu_ops],
+                      agreement={"ops": agreement.ops, "agree": agreement.agree,
+                                 "disagreements": agreement.disagreements,
+                                 "layout_equal": agreement.layout_equal})
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    out.print(f"[bold]{path.name}[/]: {len(placed.custom_ops)} edgetpu-custom-op(s), needs Edge TPU runtime "
+              f">= {placed.min_runtime_version}")
+    t = Table(title="compiled graph, in execution order", title_justify="left")
+    for c in ("#", "op", "runs on", "what"):
+        t.add_column(c)
+    for pos, item in enumerate(placed.layout):
+        if isinstance(item, str) and item.startswith("edgetpu:"):
+            c = placed.custom_ops[int(item.split(":")[1])]
+            inside = (f"{len(c.ops)} ops of the CPU model: " + _ranges(c.ops)) if cpu else "ops unknown " \
+                "(pass --cpu-model to list them)"
+            io = f"in {', '.join(str(tuple(i['shape'])) + ' ' + i['dtype'] for i in c.inputs)}; " \
+                 f"out {', '.join(str(tuple(o['shape'])) + ' ' + o['dtype'] for o in c.outputs)}"
+            t.add_row(str(pos), "edgetpu-custom-op", "Edge TPU",
+                      f"{inside}; {io}; compiler {c.compiler_version}, runtime >= {c.min_runtime_version}")
+        else:
+            label = f"#{item} {cpu.main.ops[item].name}" if isinstance(item, int) and cpu else str(item)
+            t.add_row(str(pos), label, "CPU", "")
+    out.print(t)
+    if agreement is not None:
+        out.print(f"edgehft's prediction for {src.name}: {agreement.agree}/{agreement.ops} ops placed as the "
+                  f"compiler did; compiled layout {'identical' if agreement.layout_equal else 'differs'}")
+        for d in agreement.disagreements:
+            out.print(f"  [yellow]#{d['index']} {d['op']}[/]: predicted {d['predicted']}, compiled {d['actual']} "
+                      f"({d['status']} {d['detail']})")
+
+
+def _ranges(ix: list[int]) -> str:
+    parts, start = [], None
+    for k, v in enumerate(ix):
+        if start is None:
+            start = v
+        if k + 1 == len(ix) or ix[k + 1] != v + 1:
+            parts.append(f"#{start}" if start == v else f"#{start}-#{v}")
+            start = None
+    return ", ".join(parts)
+
+
+@main.command("boards")
+@click.option("--probe", is_flag=True, help="Also list attached accelerators (Edge TPUs) on this machine.")
+@json_opt
+@handles_errors
+def boards_cmd(probe, as_json):
+    """List the board catalog (and, with --probe, the Edge TPUs attached here)."""
+    from edgehft.boards import list_boards
+    boards = list_boards()
+    found = None
+    if probe:
+        from edgehft.runtime.edgetpu_lib import probe as edgetpu_probe
+        found = {"edgetpu": edgetpu_probe()}
+    if as_json:
+        click.echo(json.dumps({"boards": [b.model_dump() for b in boards], "probe": found} if probe else
+                              [b.model_dump() for b in boards]))
+        return
+    t = Table(title="boards", title_justify="left")
+    for c in ("name", "backend", "quantization", "p99 budget µs", "description"):
+        t.add_column(c)
+    for b in boards:
+        t.add_row(b.name, b.backend, ", ".join(b.quantization), str(b.latency_budget_us.get("p99", "")),
+                  b.description)
+    out.print(t)
+    if found:
+        e = found["edgetpu"]
+        if e.get("library"):
+            devs = ", ".join(f"{d['name']} ({d['path']})" for d in e.get("devices", [])) or "none attached"
+            out.print(f"Edge TPU runtime {e.get('runtime_version')} at {e['library']}: {devs}")
+        else:
+            out.print(f"Edge TPU: {e.get('error') or 'runtime library not installed'}")

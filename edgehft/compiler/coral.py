@@ -1,0 +1,101 @@
+"""The Coral stage of ``compile``: partition the int8 model for the Edge TPU, run ``edgetpu_compiler``
+where it is installed, and return the report and the bundle artifacts.
+
+Without the compiler the report's verdict is "predicted" and the bundle holds only the int8 model (the
+runtime can emulate it on the CPU; a real Edge TPU needs the compiled model). With it, the compiled
+model goes into the bundle, the verdict is "confirmed", and every op where the prediction and the
+compiler disagree is listed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgehft.boards import Board
+from edgehft.errors import InputError
+from edgehft.ir import TFLiteModel
+from edgehft.partition.edgetpu import EdgeTPUOptions
+from edgehft.partition.edgetpu_compiled import read_compiled
+from edgehft.partition.edgetpu_report import edgetpu_report
+from edgehft.report import Report
+from edgehft.toolchains import edgetpu_compiler as etc
+
+# Int8 model I/O needs an Edge TPU runtime of at least this version; older runtimes take uint8.
+INT8_IO_MIN_RUNTIME = 12
+
+
+@dataclass
+class EdgeTPUFlags:
+    """Overrides of the board's ``[edgetpu]`` table (None: the board's value)."""
+
+    min_runtime_version: int | None = None
+    allow_multiple_subgraphs: bool | None = None
+    intermediate_tensors: tuple[str, ...] | None = None
+
+
+@dataclass
+class CoralResult:
+    report: Report
+    files: dict[str, Path] = field(default_factory=dict)     # extra bundle files
+    artifacts: dict[str, str] = field(default_factory=dict)
+    accelerator: dict = field(default_factory=dict)
+    toolchain: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def edgetpu_options(board: Board, flags: EdgeTPUFlags | None = None) -> EdgeTPUOptions:
+    """The compiler flags for ``board``: its ``[edgetpu]`` table, overridden by ``flags``."""
+    cfg = dict(getattr(board, "edgetpu", None) or {})
+    flags = flags or EdgeTPUFlags()
+    m = flags.min_runtime_version if flags.min_runtime_version is not None else int(cfg.get("min_runtime_version", 14))
+    a = flags.allow_multiple_subgraphs if flags.allow_multiple_subgraphs is not None else \
+        bool(cfg.get("allow_multiple_subgraphs", False))
+    i = flags.intermediate_tensors if flags.intermediate_tensors is not None else \
+        tuple(cfg.get("intermediate_tensors", ()))
+    runtime = int(board.runtime.get("edgetpu_runtime", m))
+    if m > runtime:
+        raise InputError(f"-m {m} is newer than the Edge TPU runtime {runtime} of board {board.name}",
+                         hint=f"pass -m {runtime} or lower, or update the board file if the boxes run newer")
+    return EdgeTPUOptions(min_runtime_version=m, allow_multiple_subgraphs=a, intermediate_tensors=tuple(i))
+
+
+def io_dtype(board: Board) -> str:
+    """``int8`` or ``uint8`` model I/O, as the board's Edge TPU runtime allows."""
+    runtime = int(board.runtime.get("edgetpu_runtime", 14))
+    return "int8" if runtime >= INT8_IO_MIN_RUNTIME else "uint8"
+
+
+def coral_stage(model_file: Path, work: Path, board: Board, flags: EdgeTPUFlags | None = None, *,
+                timeout_s: float = 300.0, say=lambda s: None) -> CoralResult:
+    """Partition ``model_file`` (the int8 IR) for ``board``; compile it when ``edgetpu_compiler`` exists.
+
+    Raises:
+        InputError: bad flags (an ``-i`` tensor not in the model, ``-m`` above the board's runtime).
+        ConverterError: the compiler is installed but failed, crashed or timed out.
+    """
+    opts = edgetpu_options(board, flags)
+    ir = TFLiteModel.from_file(model_file)
+    exe = etc.find_compiler()
+    if exe is None:
+        say("partition for the Edge TPU (predicted: edgetpu_compiler not on PATH)")
+        rep = edgetpu_report(ir, board.name, opts)
+        rep.notes.append("edgetpu_compiler is not on PATH: placements are predicted by edgehft's model of the "
+                         "compiler, and the bundle holds no compiled model (a real Edge TPU needs it; "
+                         "--emulate runs the int8 graph on the CPU). " + etc.INSTALL_HINT)
+        return CoralResult(rep, accelerator={"flags": opts.flags(), "compiled": False})
+    say(f"edgetpu_compiler {' '.join(opts.flags())}")
+    run = etc.run_compiler(model_file, work / "edgetpu", opts.flags(), executable=exe, timeout_s=timeout_s)
+    compiled = TFLiteModel.from_file(run.compiled_model)
+    actual = read_compiled(compiled, ir)
+    info = {"executable": exe, "argv": run.argv[1:], "version": run.output.version,
+            "subgraphs": run.output.subgraphs, "tpu_ops": run.output.tpu_ops, "cpu_ops": run.output.cpu_ops,
+            "on_chip_used": run.output.on_chip_used, "off_chip_used": run.output.off_chip_used,
+            "log": (run.log or run.output).rows}
+    rep = edgetpu_report(ir, board.name, opts, actual=actual, compiler=info)
+    warnings = [f"prediction and edgetpu_compiler disagree on {len(rep.disagreements)} op(s): "
+                + ", ".join(f"#{d['index']} {d['op']}" for d in rep.disagreements)] if rep.disagreements else []
+    acc = {"flags": opts.flags(), "compiled": True, "min_runtime_version": actual.min_runtime_version,
+           "compiler_version": run.output.version or (actual.custom_ops[0].compiler_version or "")}
+    return CoralResult(rep, files={"model_edgetpu.tflite": run.compiled_model},
+                       artifacts={"edgetpu_model": "model_edgetpu.tflite"}, accelerator=acc,
+                       toolchain={"edgetpu_compiler": run.output.version or "unknown"}, warnings=warnings)
