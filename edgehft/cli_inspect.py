@@ -70,9 +70,10 @@ def _compiled_report(model, path: Path, cpu_model: str | None, as_json: bool) ->
     result = {"model": str(path), "cpu_model": str(src) if src else None,
               "min_runtime_version": placed.min_runtime_version,
               "custom_ops": [vars(c) for c in placed.custom_ops], "layout": placed.layout}
-    agreement = None
+    agreement, why = None, {}
     if cpu is not None:
         part = predict(cpu)
+        why = {v.index: f"predicted: {v.status}" + (f" ({v.detail})" if v.detail else "") for v in part.ops}
         agreement = compare(part, placed)
         names = {op.index: op.name for op in cpu.main.ops}
         result.update(cpu_ops=[{"index": k, "op": names[k]} for k in placed.cpu_ops],
@@ -98,7 +99,7 @@ def _compiled_report(model, path: Path, cpu_model: str | None, as_json: bool) ->
                       f"{inside}; {io}; compiler {c.compiler_version}, runtime >= {c.min_runtime_version}")
         else:
             label = f"#{item} {cpu.main.ops[item].name}" if isinstance(item, int) and cpu else str(item)
-            t.add_row(str(pos), label, "CPU", "")
+            t.add_row(str(pos), label, "CPU", why.get(item, "") if isinstance(item, int) else "")
     out.print(t)
     if agreement is not None:
         out.print(f"edgehft's prediction for {src.name}: {agreement.agree}/{agreement.ops} ops placed as the "

@@ -1,0 +1,120 @@
+"""``compile --board coral-*`` end to end: predicted without the compiler, confirmed with it (driven
+through a replay of the real compiler's recorded outputs), and the CLI around it."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT, SHARED
+from edgehft import runtime
+from edgehft.bundle import load_bundle
+from edgehft.cli import main
+from edgehft.compiler.coral import EdgeTPUFlags
+from edgehft.compiler.pipeline import CompileOptions, compile_model
+from edgehft.errors import BoardUnavailableError, ConverterError
+from edgehft.toolchains.edgetpu_compiler import run_compiler
+
+TEST_DATA = SHARED / "edgetpu_pairs" / "google-coral__test_data"
+LSTM = TEST_DATA / "keras_lstm_mnist_ptq.tflite"
+DEEPLAB = TEST_DATA / "deeplabv3_mnv2_dm05_pascal_quant.tflite"
+pytestmark = pytest.mark.skipif(not TEST_DATA.is_dir(), reason="../shared/data/edgetpu_pairs not present")
+
+
+@pytest.fixture
+def replay_compiler(tmp_path, monkeypatch) -> Path:
+    """``edgetpu_compiler`` on PATH = tests/tools/replay_edgetpu_compiler.py (recorded real outputs)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "edgetpu_compiler").symlink_to(ROOT / "tests" / "tools" / "replay_edgetpu_compiler.py")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return bin_dir / "edgetpu_compiler"
+
+
+def test_without_compiler_the_verdict_is_predicted(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    res = compile_model(LSTM, [], tmp_path / "b", CompileOptions(board="coral-usb"))
+    m = res.bundle.manifest
+    assert res.report.verdict == "predicted" and m.artifacts == {} and m.accelerator["compiled"] is False
+    assert m.quantization.calibration_sha256 is None and m.golden.count == 16
+    assert "random raw inputs" in res.report.golden["inputs"]
+    with pytest.raises(BoardUnavailableError, match="no Edge TPU compiled model"):
+        runtime.open(res.bundle.path)
+    with runtime.open(res.bundle.path, emulate=True) as r:
+        assert r.describe()["emulated"] is True
+
+
+def test_with_the_compiler_the_verdict_is_confirmed(tmp_path, replay_compiler):
+    res = compile_model(DEEPLAB, [], tmp_path / "b", CompileOptions(board="coral-usb"))
+    rep, m = res.report, res.bundle.manifest
+    assert rep.verdict == "confirmed" and rep.verdict_source.startswith("edgetpu_compiler 16.0.384591198")
+    assert rep.disagreements == [] and rep.accelerator["agreement"] == "72/72" and res.warnings == []
+    assert m.artifacts == {"edgetpu_model": "model_edgetpu.tflite"}
+    assert m.accelerator["min_runtime_version"] == 12 and m.toolchain["edgetpu_compiler"].startswith("16.0")
+    assert (res.bundle.path / "model_edgetpu.tflite").read_bytes() == \
+        (TEST_DATA / "deeplabv3_mnv2_dm05_pascal_quant_edgetpu.tflite").read_bytes()
+    assert rep.counts == {"accelerator": 64, "cpu": 8}
+    argv = rep.accelerator["compiler"]["argv"]
+    assert argv[:4] == ["-s", "-o", argv[2], "-m"] and argv[4] == "14" and argv[-1].endswith(".tflite")
+    load_bundle(res.bundle.path)                                   # hashes cover the compiled model
+    with pytest.raises(BoardUnavailableError, match="libedgetpu"):  # compiled model present; no runtime here
+        runtime.open(res.bundle.path)
+
+
+def test_disagreements_with_the_compiler_are_listed(tmp_path, replay_compiler):
+    # Predict with a cut (-i) that the replayed compiler output does not have: every op after the cut
+    # is predicted on the CPU, but the compiled model has it inside the custom op.
+    from edgehft.ir import TFLiteModel
+    m = TFLiteModel.from_file(LSTM)
+    cut = m.main.tensors[m.main.ops[2].outputs[0]].name          # RESHAPE's output
+    res = compile_model(LSTM, [], tmp_path / "b",
+                        CompileOptions(board="coral-usb", edgetpu=EdgeTPUFlags(intermediate_tensors=(cut,))))
+    dis = res.report.disagreements
+    assert [(d["index"], d["op"], d["predicted"], d["actual"]) for d in dis] == [
+        (3, "FULLY_CONNECTED", "cpu", "tpu"), (4, "SOFTMAX", "cpu", "tpu"), (5, "QUANTIZE", "cpu", "tpu")]
+    assert "disagree on 3 op(s)" in res.warnings[0]
+    fc = res.report.ops[3]
+    assert fc.placement == "accelerator" and fc.reason_code == "COMPILER_MAPPED"
+
+
+@pytest.mark.parametrize("mode,match", [("fail", "Didn't find op for builtin opcode"), ("crash", "SIGSEGV"),
+                                        ("hang", "did not finish in 2 s")])
+def test_compiler_failures_are_reported(tmp_path, replay_compiler, monkeypatch, mode, match):
+    monkeypatch.setenv("REPLAY_MODE", mode)
+    with pytest.raises(ConverterError, match=match):
+        run_compiler(LSTM, tmp_path / "out", ["-m", "14"], timeout_s=2)
+    assert not (tmp_path / "out" / "keras_lstm_mnist_ptq_edgetpu.tflite").exists()
+
+
+def test_cli_report_on_a_compiled_model_and_a_prediction():
+    cli = CliRunner()
+    res = cli.invoke(main, ["report", str(TEST_DATA / "movenet_single_pose_lightning_ptq_edgetpu.tflite"), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["min_runtime_version"] == 12 and len(d["custom_ops"]) == 1
+    assert len(d["custom_ops"][0]["ops"]) == 98 and len(d["cpu_ops"]) == 59
+    assert d["agreement"]["agree"] == 157 and d["agreement"]["layout_equal"] is True
+    res = cli.invoke(main, ["report", str(TEST_DATA / "movenet_single_pose_lightning_ptq_edgetpu.tflite")])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0 and "edgetpu-custom-op" in text and "157/157 ops placed as the compiler did" in text
+    res = cli.invoke(main, ["report", str(DEEPLAB), "--board", "coral-m2", "-a", "--json"])
+    rep = json.loads(res.output)["report"]
+    assert rep["verdict"] == "predicted" and rep["accelerator"]["flags"] == ["-m", "14", "-a"]
+    res = cli.invoke(main, ["report", str(DEEPLAB), "--board", "cpu"])
+    assert res.exit_code == 3 and "Coral boards" in res.output
+
+
+def test_cli_refuses_without_a_tpu_and_runs_emulated(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    cli = CliRunner()
+    out = tmp_path / "b"
+    res = cli.invoke(main, ["compile", str(LSTM), "--board", "coral-usb", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    res = cli.invoke(main, ["run", str(out), "--golden"])
+    assert res.exit_code == 7 and "no Edge TPU compiled model" in " ".join(res.output.split())
+    res = cli.invoke(main, ["run", str(out), "--golden", "--emulate"])
+    assert res.exit_code == 0 and "EMULATED" in res.output and "16/16 reproduced" in " ".join(res.output.split())
+    res = cli.invoke(main, ["compile", str(LSTM), "--board", "coral-usb", "--out", str(tmp_path / "c"),
+                            "-i", "nope"])
+    assert res.exit_code == 3 and "-i tensor(s) not in the model: nope" in " ".join(res.output.split())
