@@ -43,13 +43,27 @@ def handles_errors(fn):
 # Options defined once and shared.
 json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
 board_opt = click.option("--board", default=None, help="Board name (see `edgehft boards`); default: the bundle's.")
-threads_opt = click.option("--threads", default=1, show_default=True, help="Interpreter threads.")
+threads_opt = click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
+                           help="Interpreter threads.")
 affinity_opt = click.option("--affinity", default=None,
                             help="Pin to these CPUs, e.g. '1' or '0,1' (os.sched_setaffinity).")
 emulate_opt = click.option("--emulate", is_flag=True,
                            help="Accelerator boards: run the bundle's int8 graph on this CPU instead of the "
                                 "device (outputs checkable, timing not representative); says so in the output.")
-device_opt = click.option("--device", default=None, help="Accelerator device, e.g. usb, usb:1, pci:0 (Edge TPU).")
+def _check_device(ctx, param, value):
+    if value is None:
+        return None
+    from edgehft.errors import InputError
+    from edgehft.runtime.edgetpu_lib import parse_device
+    try:
+        parse_device(value)
+    except InputError as exc:
+        raise click.BadParameter(exc.args[0]) from None
+    return value
+
+
+device_opt = click.option("--device", default=None, callback=_check_device,
+                          help="Accelerator device, e.g. usb, usb:1, pci:0 (Edge TPU).")
 
 
 def _backend_options(emulate: bool, device: str | None) -> dict:
@@ -116,32 +130,35 @@ def main() -> None:
 @click.option("--lowering", type=click.Choice(["auto", "native"]), default="auto", show_default=True,
               help="native: no tf-keras rebuild and no pre-conversion checks; the graph goes to the "
                    "converter as is (diagnosis only).")
-@click.option("--min-runtime", "-m", "min_runtime", type=int, default=None,
+@click.option("--min-runtime", "-m", "min_runtime", type=click.IntRange(min=10), default=None,
               help="Edge TPU boards: edgetpu_compiler -m (default: the board's runtime version).")
 @click.option("--allow-multiple-subgraphs", "-a", "multi", is_flag=True, default=None,
               help="Edge TPU boards: edgetpu_compiler -a (more subgraphs, more host<->TPU copies).")
 @click.option("--intermediate-tensors", "-i", "cut", default=None,
               help="Edge TPU boards: edgetpu_compiler -i t1,t2 (end the Edge TPU part at these tensors).")
+@click.option("--edgetpu-model", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Edge TPU boards: MODEL's *_edgetpu.tflite, compiled on another machine; checked against "
+                   "MODEL and put in the bundle (verdict confirmed).")
 @json_opt
 @handles_errors
 def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, drift_windows, golden_count,
-                drift_threshold, strict, timeout_s, lowering, min_runtime, multi, cut, as_json):
+                drift_threshold, strict, timeout_s, lowering, min_runtime, multi, cut, edgetpu_model, as_json):
     """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
     partition it, and write a bundle."""
     from edgehft.compiler.coral import EdgeTPUFlags
     from edgehft.compiler.pipeline import CompileOptions, compile_model
     from edgehft.report import print_report
-    edgetpu = EdgeTPUFlags(min_runtime, multi, tuple(c for c in cut.split(",") if c) if cut else None)
+    edgetpu = EdgeTPUFlags(min_runtime, multi or None, tuple(c for c in cut.split(",") if c) if cut else None)
     opts = CompileOptions(board=board, quant=quant, features=features, calib_windows=calib_windows,
                           drift_windows=drift_windows, golden_count=golden_count,
                           drift_threshold=drift_threshold, strict=strict, timeout_s=timeout_s, lowering=lowering,
-                          edgetpu=edgetpu)
+                          edgetpu=edgetpu, edgetpu_model=edgetpu_model)
     if as_json:
         res = compile_model(model, list(calib), out_dir, opts)
     else:
         with err.status("compiling") as status:
             res = compile_model(model, list(calib), out_dir, opts,
-                                progress=lambda s: (status.update(f"compiling: {s}"), err.log(s)))
+                                progress=lambda s: (status.update(f"compiling: {s}"), err.print(f"[dim]· {s}[/]")))
     if as_json:
         click.echo(json.dumps({"bundle": str(res.bundle.path), "warnings": res.warnings,
                                "report": res.report.model_dump()}))
@@ -162,7 +179,8 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @ticks_opt
 @click.option("--golden", is_flag=True, help="Run the bundle's golden vectors and compare (exit 8 on mismatch).")
-@click.option("--limit", default=20, show_default=True, help="Predictions to print (0: all).")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=0),
+              help="Predictions to print (0: all).")
 @board_opt
 @threads_opt
 @affinity_opt
@@ -180,10 +198,12 @@ def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, emulate, dev
         _say_emulated(r, as_json)
         if golden:
             result = check_golden(r)
+            result.update(board=r.board, emulated=r.emulated)
             if as_json:
                 click.echo(json.dumps(result))
             else:
-                out.print(f"golden vectors: {result['matched']}/{result['count']} reproduced "
+                out.print(("[bold magenta]EMULATED[/] " if r.emulated else "") +
+                          f"golden vectors: {result['matched']}/{result['count']} reproduced "
                           f"({result['compare']}) on {result['path']}"
                           + (" [green]OK[/]" if result["ok"] else " [red]MISMATCH[/]"))
             if not result["ok"]:
@@ -218,7 +238,7 @@ def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, emulate, dev
 
 def _say_emulated(runner, as_json: bool) -> None:
     if runner.emulated and not as_json:
-        note = runner.describe().get("note") or "emulated board"
+        note = runner.describe().get("note") or "an emulated board"
         err.print(f"[bold magenta]EMULATED[/] {runner.board}: {note}", highlight=False)
 
 
@@ -247,11 +267,16 @@ def check_golden(runner) -> dict:
 @ticks_opt
 @click.option("--replay", "mode", type=click.Choice(["max", "recorded", "burst"]), default="max",
               show_default=True, help="Back to back, at the recorded inter-arrival times, or in bursts.")
-@click.option("--warmup", default=200, show_default=True, help="Calls before timing starts.")
-@click.option("--samples", default=0, help="Timed calls (default: one per window, cycling if needed).")
-@click.option("--speed", default=1.0, show_default=True, help="recorded: replay this many times faster.")
-@click.option("--burst-size", default=32, show_default=True, help="burst: calls per burst.")
-@click.option("--burst-gap-us", default=1000.0, show_default=True, help="burst: idle time between bursts.")
+@click.option("--warmup", default=200, show_default=True, type=click.IntRange(min=0),
+              help="Calls before timing starts.")
+@click.option("--samples", default=0, type=click.IntRange(min=0),
+              help="Timed calls (default: one per window, cycling if needed).")
+@click.option("--speed", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="recorded: replay this many times faster.")
+@click.option("--burst-size", default=32, show_default=True, type=click.IntRange(min=1),
+              help="burst: calls per burst.")
+@click.option("--burst-gap-us", default=1000.0, show_default=True, type=click.FloatRange(min=0),
+              help="burst: idle time between bursts.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency histogram PNG.")
 @board_opt
 @threads_opt
@@ -276,6 +301,7 @@ def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap
         res = replay(r.predict, x, w.t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,
                      burst_size=burst_size, burst_gap_us=burst_gap_us)
         report = {"bundle": str(r.bundle.path), "runner": r.describe(), **res.summary(),
+                  "budget_us": dict(r.board_spec.latency_budget_us),
                   "speed": speed if mode == "recorded" else None, "fingerprint": machine_fingerprint()}
     if plot:
         histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, replay {mode}, "
@@ -296,6 +322,15 @@ def print_bench(report: dict) -> None:
         t.add_column(c, justify="right")
     t.add_row(*(f"{lat[k]:.1f}" for k in ("p50", "p90", "p99", "p99.9", "max", "mean", "std")))
     out.print(t)
+    budget = report.get("budget_us") or {}
+    if budget:
+        verdicts = []
+        for key, got in (("p99", lat["p99"]), ("p999", lat["p99.9"])):
+            if key in budget:
+                ok = got <= budget[key]
+                verdicts.append(f"{key} {got:.0f} vs {budget[key]:.0f} µs " + ("[green]within[/]" if ok else "[red]OVER[/]"))
+        out.print(f"board budget ({report['runner']['board']}): " + "; ".join(verdicts)
+                  + (" — emulated: the device's timing is not measured" if report["runner"]["emulated"] else ""))
     if report.get("start_delay_us"):
         d = report["start_delay_us"]
         out.print(f"start delay behind the recorded tick time: p50 {d['p50']:.1f} µs, p99 {d['p99']:.1f} µs")
@@ -312,7 +347,7 @@ def print_bench(report: dict) -> None:
         out.print(f"histogram: {report['plot']}")
 
 
-from edgehft import cli_inspect  # noqa: E402,F401  (registers report and boards)
+import edgehft.cli_inspect  # noqa: E402,F401  (registers the report and boards commands)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,25 @@ from edgehft.errors import InputError
 @click.option("--cpu-model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="For a compiled *_edgetpu.tflite: the CPU model it was compiled from "
                    "(default: the sibling file without _edgetpu, when it exists).")
-@click.option("--min-runtime", "-m", "min_runtime", type=int, default=None, help="Edge TPU: -m to model.")
+@click.option("--min-runtime", "-m", "min_runtime", type=click.IntRange(min=10), default=None,
+              help="Edge TPU: -m to model.")
 @click.option("--allow-multiple-subgraphs", "-a", "multi", is_flag=True, default=None,
               help="Edge TPU: model -a.")
 @click.option("--intermediate-tensors", "-i", "cut", default=None, help="Edge TPU: model -i t1,t2.")
+@click.option("--tensors", "list_tensors", is_flag=True,
+              help="For a .tflite: list its activation tensors (names for -i) with shape, dtype and producer.")
 @json_opt
 @handles_errors
-def report_cmd(path, board, cpu_model, min_runtime, multi, cut, as_json):
+def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, as_json):
     """Show the op placement report of PATH: a bundle directory, a quantized .tflite (predicted
     partition for --board), or a compiled *_edgetpu.tflite (what is inside the edgetpu-custom-op)."""
     from edgehft.report import Report, print_report
     p = Path(path)
+    model_flags = [f for f, v in (("--board", board), ("--cpu-model", cpu_model), ("-m", min_runtime),
+                                  ("-a", multi), ("-i", cut), ("--tensors", list_tensors)) if v]
+    if p.is_dir() and model_flags:
+        raise click.UsageError(f"{', '.join(model_flags)} apply to a .tflite file; a bundle's report was fixed "
+                               "when it was compiled (compile it again with other flags)")
     if p.is_dir():
         from edgehft.bundle import load_bundle
         b = load_bundle(p)
@@ -41,6 +49,9 @@ def report_cmd(path, board, cpu_model, min_runtime, multi, cut, as_json):
     from edgehft.ir import TFLiteModel
     from edgehft.ir.edgetpu_package import is_compiled
     model = TFLiteModel.from_file(p)
+    if list_tensors:
+        _print_tensors(model, as_json)
+        return
     if is_compiled(model):
         _compiled_report(model, p, cpu_model, as_json)
         return
@@ -96,7 +107,7 @@ def _compiled_report(model, path: Path, cpu_model: str | None, as_json: bool) ->
             io = f"in {', '.join(str(tuple(i['shape'])) + ' ' + i['dtype'] for i in c.inputs)}; " \
                  f"out {', '.join(str(tuple(o['shape'])) + ' ' + o['dtype'] for o in c.outputs)}"
             t.add_row(str(pos), "edgetpu-custom-op", "Edge TPU",
-                      f"{inside}; {io}; compiler {c.compiler_version}, runtime >= {c.min_runtime_version}")
+                      f"{inside}; {io}; compiler {_version(c.compiler_version)}, runtime >= {c.min_runtime_version}")
         else:
             label = f"#{item} {cpu.main.ops[item].name}" if isinstance(item, int) and cpu else str(item)
             t.add_row(str(pos), label, "CPU", why.get(item, "") if isinstance(item, int) else "")
@@ -107,6 +118,29 @@ def _compiled_report(model, path: Path, cpu_model: str | None, as_json: bool) ->
         for d in agreement.disagreements:
             out.print(f"  [yellow]#{d['index']} {d['op']}[/]: predicted {d['predicted']}, compiled {d['actual']} "
                       f"({d['status']} {d['detail']})")
+
+
+def _version(v: str | None) -> str:
+    return v if v and v.strip("cl/") else "version not recorded"
+
+
+def _print_tensors(model, as_json: bool) -> None:
+    g = model.main
+    rows = []
+    for op in g.ops:
+        for o in op.outputs:
+            t = g.tensors[o]
+            rows.append({"tensor": t.name, "shape": list(t.shape), "dtype": t.dtype, "producer": op.index,
+                         "op": op.name})
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    t = Table(title=f"{Path(model.source).name}: activation tensors (use a name with -i)", title_justify="left")
+    for c in ("producer", "shape", "dtype", "tensor"):
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(f"#{r['producer']} {r['op']}", str(tuple(r["shape"])), r["dtype"], r["tensor"])
+    out.print(t)
 
 
 def _ranges(ix: list[int]) -> str:
@@ -150,3 +184,5 @@ def boards_cmd(probe, as_json):
             out.print(f"Edge TPU runtime {e.get('runtime_version')} at {e['library']}: {devs}")
         else:
             out.print(f"Edge TPU: {e.get('error') or 'runtime library not installed'}")
+            if e.get("hint"):
+                out.print(f"  hint: {e['hint']}", highlight=False)

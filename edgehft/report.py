@@ -85,19 +85,35 @@ def ops_table(report: Report) -> Table:
     t = Table(title=f"{report.board}: {len(report.ops)} ops, placement {report.verdict} "
                     f"({report.verdict_source})", title_justify="left")
     vendor = any(op.status for op in report.ops)
-    cols = [("#", {"justify": "right"}), ("op", {}), ("layer", {}), ("dtype", {}), ("placement", {})]
-    cols += [("status", {"ratio": 2})] if vendor else [("kernel", {})]
-    for col, kw in cols + [("reason", {"ratio": 3} if vendor else {})]:
+    if vendor:
+        return _vendor_table(report, t)
+    for col, kw in (("#", {"justify": "right"}), ("op", {}), ("layer", {}), ("dtype", {}),
+                    ("placement", {}), ("kernel", {}), ("reason", {})):
         t.add_column(col, **kw)
     for op in report.ops:
-        if vendor:
-            reason = "" if op.placement == "accelerator" else f"{op.reason_code}: {op.reason}"
-        else:
-            reason = op.reason
-        reason += f" — fix: {op.fix}" if op.fix else ""
-        where = op.placement + (f" #{op.subgraph}" if op.subgraph is not None else "")
-        mid = [op.status or ""] if vendor else [op.kernel or ""]
-        t.add_row(str(op.index), op.op, op.layer or "", op.dtype or "", where, *mid, reason)
+        reason = op.reason + (f" — fix: {op.fix}" if op.fix else "")
+        t.add_row(str(op.index), op.op, op.layer or "", op.dtype or "", op.placement, op.kernel or "", reason)
+    return t
+
+
+def _vendor_table(report: Report, t: Table) -> Table:
+    """Accelerator reports: the vendor tool's status per op; a fix is printed once per distinct fix."""
+    for col, kw in (("#", {"justify": "right"}), ("op / layer", {"overflow": "fold"}), ("placement", {}),
+                    ("status", {"ratio": 2}), ("why, fix", {"ratio": 3, "overflow": "fold"})):
+        t.add_column(col, **kw)
+    shown: dict[str, int] = {}
+    for op in report.ops:
+        where = "accel" + (f" #{op.subgraph}" if op.subgraph is not None else "") \
+            if op.placement == "accelerator" else op.placement
+        why = "" if op.placement == "accelerator" else f"{op.reason_code}: {op.reason}"
+        if op.fix and op.reason_code not in ("AFTER_CPU_OP",):
+            if op.fix in shown:
+                why += f" (fix: as #{shown[op.fix]})"
+            else:
+                shown[op.fix] = op.index
+                why += f" — fix: {op.fix}"
+        name = op.op + (f"\n[dim]{op.layer}[/]" if op.layer else "")
+        t.add_row(str(op.index), name, where, op.status or "", why)
     return t
 
 

@@ -118,3 +118,66 @@ def test_cli_refuses_without_a_tpu_and_runs_emulated(tmp_path, monkeypatch):
     res = cli.invoke(main, ["compile", str(LSTM), "--board", "coral-usb", "--out", str(tmp_path / "c"),
                             "-i", "nope"])
     assert res.exit_code == 3 and "-i tensor(s) not in the model: nope" in " ".join(res.output.split())
+
+
+def _text(res) -> str:
+    return " ".join(res.output.split())
+
+
+def test_cli_option_checks(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    cli = CliRunner()
+    out = tmp_path / "b"
+    assert cli.invoke(main, ["compile", str(LSTM), "--board", "coral-usb", "--out", str(out)]).exit_code == 0
+    import numpy as np
+    np.save(tmp_path / "x.npy", np.zeros((4, 28, 28), np.uint8))
+    for args in (["bench", str(out), "--emulate", "--ticks", str(tmp_path / "x.npy"), "--samples", "-5"],
+                 ["run", str(out), "--golden", "--emulate", "--threads", "0"],
+                 ["run", str(out), "--golden", "--device", "gpu"],
+                 ["report", str(LSTM), "-m", "5"],
+                 ["report", str(out), "-a"]):
+        res = cli.invoke(main, args)
+        assert res.exit_code == 2, (args, res.output)
+    res = cli.invoke(main, ["run", str(out), "--golden", "--emulate", "--json"])
+    d = json.loads(res.output)
+    assert (d["ok"], d["emulated"], d["board"]) == (True, True, "coral-usb")
+    res = cli.invoke(main, ["compile", str(LSTM), "--board", "coral-usb", "--quant", "fp16", "--out", str(tmp_path / "q")])
+    assert res.exit_code == 3 and "--quant does not apply" in _text(res)
+    res = cli.invoke(main, ["compile", str(LSTM), "--board", "cpu", "-a", "--out", str(tmp_path / "c")])
+    assert res.exit_code == 3 and "apply to Coral boards" in _text(res)
+
+
+def test_cli_lists_tensors_for_cuts():
+    res = CliRunner().invoke(main, ["report", str(LSTM), "--tensors", "--json"])
+    rows = json.loads(res.output)
+    assert [r["op"] for r in rows] == ["QUANTIZE", "UNIDIRECTIONAL_SEQUENCE_LSTM", "RESHAPE", "FULLY_CONNECTED",
+                                       "SOFTMAX", "QUANTIZE"]
+    assert rows[1]["shape"] == [1, 28, 20] and rows[1]["dtype"] == "int8"
+
+
+def test_compiled_elsewhere_is_checked_and_bundled(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    compiled = TEST_DATA / "deeplabv3_mnv2_dm05_pascal_quant_edgetpu.tflite"
+    res = compile_model(DEEPLAB, [], tmp_path / "b", CompileOptions(board="coral-pcie", edgetpu_model=compiled))
+    assert res.report.verdict == "confirmed" and res.report.disagreements == []
+    assert res.bundle.manifest.accelerator["compiled_elsewhere"] == compiled.name
+    from edgehft.errors import InputError
+    with pytest.raises(InputError, match="does not look like the source"):
+        compile_model(LSTM, [], tmp_path / "c", CompileOptions(board="coral-pcie", edgetpu_model=compiled))
+    whole = TEST_DATA / "mobilenet_v1_0.25_128_quant_edgetpu.tflite"         # no CPU ops left to compare
+    with pytest.raises(InputError, match="are not tensors of it"):
+        compile_model(LSTM, [], tmp_path / "d", CompileOptions(board="coral-pcie", edgetpu_model=whole))
+
+
+def test_uint8_windows_for_a_uint8_model_are_raw_inputs(tmp_path, monkeypatch):
+    import numpy as np
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    x = np.random.default_rng(0).integers(0, 256, (20, 28, 28), dtype=np.uint8)
+    np.save(tmp_path / "u8.npy", x)
+    res = compile_model(LSTM, [tmp_path / "u8.npy"], tmp_path / "b", CompileOptions(board="coral-usb"))
+    ins, _ = res.bundle.golden()
+    assert np.array_equal(next(iter(ins.values())), x[:16])
+    np.save(tmp_path / "i8.npy", x.astype(np.int8))
+    from edgehft.errors import InputError
+    with pytest.raises(InputError, match="windows are int8"):
+        compile_model(LSTM, [tmp_path / "i8.npy"], tmp_path / "c", CompileOptions(board="coral-usb"))

@@ -329,7 +329,7 @@ def test_emulated_pair_bundle_reproduces_litert(tmp_path, coral_board):
         _check_golden(r)
         d = r.describe()
         assert d["emulated"] is True and d["backend"] == "coral" and d["board"] == "coral-test"
-        assert "emulated" in d["note"] and "Edge TPU timing is not represented" in d["note"]
+        assert "this host's CPU" in d["note"] and "Edge TPU timing is not represented" in d["note"]
         assert d["interpreter"] == cpu.interpreter_path()
 
 

@@ -66,15 +66,19 @@ def io_dtype(board: Board) -> str:
 
 
 def coral_stage(model_file: Path, work: Path, board: Board, flags: EdgeTPUFlags | None = None, *,
-                timeout_s: float = 300.0, say=lambda s: None) -> CoralResult:
-    """Partition ``model_file`` (the int8 IR) for ``board``; compile it when ``edgetpu_compiler`` exists.
+                timeout_s: float = 300.0, compiled_model: Path | None = None, say=lambda s: None) -> CoralResult:
+    """Partition ``model_file`` (the int8 IR) for ``board``; compile it when ``edgetpu_compiler`` exists,
+    or take ``compiled_model`` (that model's ``*_edgetpu.tflite``, compiled on another machine).
 
     Raises:
-        InputError: bad flags (an ``-i`` tensor not in the model, ``-m`` above the board's runtime).
+        InputError: bad flags (an ``-i`` tensor not in the model, ``-m`` above the board's runtime), or a
+            ``compiled_model`` that is not an Edge TPU model compiled from ``model_file``.
         ConverterError: the compiler is installed but failed, crashed or timed out.
     """
     opts = edgetpu_options(board, flags)
     ir = TFLiteModel.from_file(model_file)
+    if compiled_model is not None:
+        return _given_compiled(ir, board, opts, Path(compiled_model), say)
     exe = etc.find_compiler()
     if exe is None:
         say("partition for the Edge TPU (predicted: edgetpu_compiler not on PATH)")
@@ -99,3 +103,26 @@ def coral_stage(model_file: Path, work: Path, board: Board, flags: EdgeTPUFlags 
     return CoralResult(rep, files={"model_edgetpu.tflite": run.compiled_model},
                        artifacts={"edgetpu_model": "model_edgetpu.tflite"}, accelerator=acc,
                        toolchain={"edgetpu_compiler": run.output.version or "unknown"}, warnings=warnings)
+
+
+def _given_compiled(ir: TFLiteModel, board: Board, opts: EdgeTPUOptions, path: Path, say) -> CoralResult:
+    from edgehft.ir.edgetpu_package import is_compiled
+    say(f"check the given compiled model {path.name} against the int8 model")
+    compiled = TFLiteModel.from_file(path)
+    if not is_compiled(compiled):
+        raise InputError(f"{path} holds no edgetpu-custom-op: it is not an edgetpu_compiler output",
+                         hint="pass the *_edgetpu.tflite the compiler wrote for this model")
+    actual = read_compiled(compiled, ir)
+    if actual.unmatched:
+        raise InputError(f"{path} was not compiled from {Path(ir.source).name}: its CPU ops "
+                         f"{', '.join(actual.unmatched)} match no op of it",
+                         hint="compile the same .tflite that you pass to `edgehft compile`")
+    rep = edgetpu_report(ir, board.name, opts, actual=actual)
+    rep.notes.append(f"placements confirmed by {path.name}, compiled elsewhere (flags unknown; the prediction "
+                     f"used {' '.join(opts.flags())})")
+    warnings = [f"prediction and {path.name} disagree on {len(rep.disagreements)} op(s): "
+                + ", ".join(f"#{d['index']} {d['op']}" for d in rep.disagreements)] if rep.disagreements else []
+    acc = {"flags": None, "compiled": True, "min_runtime_version": actual.min_runtime_version,
+           "compiler_version": actual.custom_ops[0].compiler_version or "", "compiled_elsewhere": path.name}
+    return CoralResult(rep, files={"model_edgetpu.tflite": path}, artifacts={"edgetpu_model": "model_edgetpu.tflite"},
+                       accelerator=acc, toolchain={"edgetpu_compiler": "elsewhere"}, warnings=warnings)

@@ -46,6 +46,7 @@ class CompileOptions:
     lowering: str = "auto"                   # auto | native (Keras 3 graph as is; for diagnosis)
     seed: int = 0
     edgetpu: "coral.EdgeTPUFlags | None" = None   # -m / -a / -i overrides for Coral boards
+    edgetpu_model: Path | None = None        # a *_edgetpu.tflite compiled elsewhere from this .tflite
 
 
 @dataclass
@@ -121,6 +122,12 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
         raise InputError(f"no such model: {model}")
     board = load_board(opts.board)
     as_is = model.suffix == ".tflite"
+    if board.backend != "coral" and (opts.edgetpu_model or (opts.edgetpu and any(
+            v is not None for v in vars(opts.edgetpu).values()))):
+        raise InputError(f"-m/-a/-i/--edgetpu-model apply to Coral boards, not {board.name}")
+    if as_is and opts.quant:
+        raise InputError(f"--quant does not apply to {model.name}: a .tflite is taken as it was quantized",
+                         hint="drop --quant, or compile the Keras model it came from")
     quant = opts.quant or board.default_quantization
     if quant not in board.quantization and not as_is:
         raise InputError(f"board {board.name} does not take --quant {quant}",
@@ -128,7 +135,7 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
     pipeline = parse_pipeline(opts.features, Path.cwd()) if opts.features else sidecar_pipeline(model)
     if not calib and not as_is:
         raise InputError("--calib is required to quantize a Keras model", hint="pass tick windows or raw feeds")
-    x, source = _load_calib(calib, pipeline) if calib else (None, [])
+    x, source = _load_calib(calib, pipeline, keep_int=as_is) if calib else (None, [])
     warnings: list[str] = []
 
     with tempfile.TemporaryDirectory(prefix="edgehft-compile-") as tmp:
@@ -188,13 +195,15 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
         integer = all(np.dtype(o.dtype).kind in "iu" for o in outputs)
         manifest.golden = Golden(count=g, reference_path=gold.path, compare="exact" if integer else "allclose",
                                  atol=0.0 if integer else 1e-5)
-        golden = {"count": g, "reference_path": gold.path, "inputs": gold.source, **ref_diff}
+        golden = {"count": g, "reference_path": gold.path, "inputs": gold.source,
+                  "inputs_sha256": sha256_arrays(*gold.inputs), **ref_diff}
         files: dict[str, bytes | Path] = {"model.tflite": model_file, "golden.npz": golden_npz(
             inputs, outputs, gold.inputs, gold.outputs)}
         manifest.toolchain = {**info["versions"], "edgehft": __version__, "interpreter": gold.path,
                               "python": platform.python_version()}
         if board.backend == "coral":
-            stage = coral.coral_stage(model_file, work, board, opts.edgetpu, timeout_s=opts.timeout_s, say=say)
+            stage = coral.coral_stage(model_file, work, board, opts.edgetpu, timeout_s=opts.timeout_s,
+                                      compiled_model=opts.edgetpu_model, say=say)
             report = stage.report
             report.drift, report.golden = drift, golden
             report.notes.append(f"golden outputs come from the int8 graph on {gold.path}; on an Edge TPU "
@@ -227,9 +236,12 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
     return CompileResult(bundle, report, warnings)
 
 
-def _load_calib(calib, pipeline) -> tuple[np.ndarray, list[str]]:
+def _load_calib(calib, pipeline, keep_int: bool = False) -> tuple[np.ndarray, list[str]]:
+    """Windows as float32; with ``keep_int`` integer windows keep their dtype (already quantized input)."""
     w = load_windows(calib, pipeline)
-    x = np.asarray(w.x, dtype=np.float32)
+    x = np.asarray(w.x)
+    if not (keep_int and x.dtype.kind in "iu"):
+        x = x.astype(np.float32)
     bad = ~np.isfinite(x)
     if bad.any():
         first = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -253,6 +265,10 @@ def _take_tflite(model: Path, x, board, opts):
         mode = "int8"                              # full-integer inside, float I/O
     if x is not None:
         want = tuple(g.tensors[g.inputs[0]].shape[1:])
+        in_dtype = g.tensors[g.inputs[0]].dtype
+        if x.dtype.kind in "iu" and x.dtype != np.dtype(in_dtype):
+            raise InputError(f"--calib windows are {x.dtype}; {model.name} takes {in_dtype}",
+                             hint=f"pass float windows (quantized with the input's scale) or {in_dtype} raw values")
         if len(g.inputs) != 1 or tuple(x.shape[1:]) != want:
             raise InputError(f"--calib windows have shape {x.shape[1:]}; {model.name} takes {want}"
                              + (f" and {len(g.inputs)} inputs" if len(g.inputs) != 1 else ""),

@@ -76,7 +76,7 @@ class EdgeTPUPartition:
     subgraphs: list[list[int]]                         # op indices per custom op
     layout: list[int | str]                            # predicted compiled graph: op index or "edgetpu:k"
     boundary: list[dict] = field(default_factory=list)  # per custom op: inputs/outputs with bytes
-    min_runtime_needed: int = 10
+    min_runtime_needed: int = 10      # lower bound from the op table; the real pairs record 12-14
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -105,9 +105,12 @@ def _match(result: CompiledPlacement, compiled: TFLiteModel, cpu: TFLiteModel) -
             unmatched.append(op.name)
         layout.append(idx)
         cpu_ops.append(idx)
-    if len(unmatched) > len(cpu_ops):
-        raise InputError(f"{cpu.source} does not look like the source of {compiled.source}: "
-                         f"{len(unmatched)} compiled CPU ops match no op of it",
+    names = {t.name for t in c.tensors}
+    lost = [t["name"] for info in result.custom_ops for t in info.outputs if t["name"] not in names]
+    if lost or len(unmatched) > len(cpu_ops):
+        why = (f"{len(unmatched)} compiled CPU ops match no op of it" if len(unmatched) > len(cpu_ops)
+               else f"Edge TPU outputs {', '.join(lost[:3])} are not tensors of it")
+        raise InputError(f"{cpu.source} does not look like the source of {compiled.source}: {why}",
                          hint="pass the CPU model that was given to edgetpu_compiler")
     outside = set(cpu_ops)
     for info in result.custom_ops:

@@ -54,8 +54,10 @@ def _segments(part: EdgeTPUPartition, ops: list[OpPlacement]) -> list[Segment]:
     return segs
 
 
-def summarize(model: TFLiteModel, part: EdgeTPUPartition) -> list[str]:
-    """Plain sentences: what maps, what cuts the graph and why, what to change, what it would buy."""
+def summarize(model: TFLiteModel, part: EdgeTPUPartition, what_if: list | None = None) -> list[str]:
+    """Plain sentences: what maps, what cuts the graph and why, what to change, what it would buy.
+    ``what_if`` (a list) receives the alternative predictions as data."""
+    what_if = [] if what_if is None else what_if
     n = len(part.ops)
     tpu = [v for v in part.ops if v.stage == "tpu"]
     lines = [f"{len(tpu)} of {n} ops map to the Edge TPU in {len(part.subgraphs)} subgraph(s) "
@@ -70,8 +72,8 @@ def summarize(model: TFLiteModel, part: EdgeTPUPartition) -> list[str]:
         lines.append("cannot map: " + "; ".join(f"{c}x {op} ({st})" for (op, st), c in kinds.items())
                      + f". The first is #{first.index} {first.op}: {first.detail}.")
         if followers:
-            lines.append(f"{len(followers)} mappable op(s) depend on it and fall back to the CPU "
-                         "(one Edge TPU subgraph per model with default flags).")
+            lines.append(f"{len(followers)} mappable op(s) depend on #{first.index} {first.op} (or a later CPU op) "
+                         "and fall back to the CPU: with default flags the model gets one Edge TPU subgraph.")
         fixes = {v.op: v.fix for v in cutters if v.fix}
         for op, fix in fixes.items():
             lines.append(f"fix {op}: {fix}")
@@ -79,6 +81,7 @@ def summarize(model: TFLiteModel, part: EdgeTPUPartition) -> list[str]:
         if whatif_ops:
             alt = predict(model, part.options, assume_mappable=whatif_ops)
             got = sum(v.stage == "tpu" for v in alt.ops)
+            what_if.append({"replace": sorted(whatif_ops), "mapped": got, "ops": n, "subgraphs": len(alt.subgraphs)})
             if got > len(tpu):
                 lines.append(f"what-if: with {', '.join(sorted(whatif_ops))} replaced by supported ops, "
                              f"{got} of {n} ops would map (prediction).")
@@ -86,8 +89,11 @@ def summarize(model: TFLiteModel, part: EdgeTPUPartition) -> list[str]:
             alt = predict(model, EdgeTPUOptions(part.options.min_runtime_version, True,
                                                 part.options.intermediate_tensors))
             got = sum(v.stage == "tpu" for v in alt.ops)
+            copies = sum(b["bytes_in"] + b["bytes_out"] for b in alt.boundary)
+            what_if.append({"flags": alt.options.flags(), "mapped": got, "ops": n, "subgraphs": len(alt.subgraphs),
+                            "copy_bytes": copies})
             lines.append(f"with -a: {got} of {n} ops would map in {len(alt.subgraphs)} subgraphs, at "
-                         f"{sum(b['bytes_in'] + b['bytes_out'] for b in alt.boundary):,} bytes of host<->TPU "
+                         f"{copies:,} bytes of host<->TPU "
                          "copies per inference.")
     if edges:
         lines.append("expected host work at the edges: " + ", ".join(f"#{v.index} {v.op}" for v in edges)
@@ -111,14 +117,16 @@ def edgetpu_report(model: TFLiteModel, board: str, opts: EdgeTPUOptions, *,
     counts = Counter(o.placement for o in ops)
     confirmed = actual is not None and actual.cpu_ops is not None
     source = (f"edgetpu_compiler {compiler.get('version') or ''}".strip() if compiler else
-              f"compiled model {actual.compiled}") if confirmed else "edgehft Edge TPU rules (compiler not run)"
+              f"compiled model {actual.compiled}") if confirmed else "edgehft's Edge TPU rules; compiler not run"
     rep = Report(board=board, verdict="confirmed" if confirmed else "predicted", verdict_source=source, ops=ops,
                  counts=dict(counts), segments=_segments(part, ops),
                  boundary_copies=sum(len(b["inputs"]) + len(b["outputs"]) for b in part.boundary),
-                 summary=summarize(model, part), notes=list(part.notes))
+                 notes=list(part.notes))
+    what_if: list[dict] = []
+    rep.summary = summarize(model, part, what_if)
     rep.accelerator = {"vendor": "coral-edgetpu", "flags": opts.flags(), "predicted_log": part.log_rows(),
                        "boundary": part.boundary, "predicted_layout": part.compiled_op_names(),
-                       "min_runtime_needed_by_ops": part.min_runtime_needed}
+                       "mapped": sum(v.stage == "tpu" for v in part.ops), "what_if": what_if}
     if compiler:
         rep.accelerator["compiler"] = compiler
     if confirmed:

@@ -25,8 +25,8 @@ from edgehft.runtime import cpu, edgetpu_lib
 from edgehft.runtime.edgetpu_lib import describe_devices, library_name
 
 ARTIFACT = "edgetpu_model"
-EMULATION_NOTE = ("emulated: the int8 model runs on the host CPU (LiteRT int8 kernels, CPU and Edge TPU "
-                  "segments alike); outputs match the golden vectors, Edge TPU timing is not represented")
+EMULATION_NOTE = ("the int8 model runs on this host's CPU (LiteRT int8 kernels for the CPU and the Edge TPU "
+                  "segments alike): outputs are the int8 graph's; Edge TPU timing is not represented")
 COMPILER_HINT = ("compile on an x86-64 Debian/Ubuntu host with the Edge TPU compiler installed (Coral's apt "
                  "repository `deb https://packages.cloud.google.com/apt coral-edgetpu-stable main`, package "
                  "`edgetpu-compiler`), or pass --emulate to run the int8 model on the CPU")

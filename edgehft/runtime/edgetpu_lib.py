@@ -28,7 +28,7 @@ INSTALL_HINT = (
     "/etc/apt/sources.list.d/coral-edgetpu.list (key: https://packages.cloud.google.com/apt/doc/apt-key.gpg), "
     "then `sudo apt-get update && sudo apt-get install libedgetpu1-std` (or libedgetpu1-max for the "
     "maximum clock); macOS/Windows: install the edgetpu_runtime archive from https://coral.ai/software. "
-    "pycoral too comes from Coral's repository (`apt-get install python3-pycoral`, or pip install pycoral "
+    "edgehft does not need pycoral; if you want it, it too comes from Coral's repository (`apt-get install python3-pycoral`, or pip install pycoral "
     "--extra-index-url https://google-coral.github.io/py-repo/); the PyPI package named `pycoral` is an "
     "unrelated project. Or pass --emulate to run the int8 model on the CPU.")
 
