@@ -102,10 +102,18 @@ def _vendor_table(report: Report, t: Table) -> Table:
                     ("status", {"ratio": 2}), ("why, fix", {"ratio": 3, "overflow": "fold"})):
         t.add_column(col, **kw)
     shown: dict[str, int] = {}
+    shown_why: dict[str, int] = {}
     for op in report.ops:
         where = "accel" + (f" #{op.subgraph}" if op.subgraph is not None else "") \
             if op.placement == "accelerator" else op.placement
-        why = "" if op.placement == "accelerator" else f"{op.reason_code}: {op.reason}"
+        if op.placement == "accelerator":
+            why = op.reason if op.reason != op.status else ""
+        else:
+            why = f"{op.reason_code}: {op.reason}"
+            if why in shown_why:
+                why = f"as #{shown_why[why]}"
+            else:
+                shown_why[why] = op.index
         if op.fix and op.reason_code not in ("AFTER_CPU_OP",):
             if op.fix in shown:
                 why += f" (fix: as #{shown[op.fix]})"

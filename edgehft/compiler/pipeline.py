@@ -216,6 +216,11 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
             manifest.artifacts, manifest.accelerator = stage.artifacts, stage.accelerator
             manifest.toolchain.update(stage.toolchain)
             warnings += stage.warnings
+        elif board.backend == "pynq":
+            from edgehft.partition.pynq import pynq_report
+            say("partition for the FPGA overlay")
+            report = pynq_report(ir, board)
+            report.drift, report.golden = drift, golden
         else:
             ops = _op_report(ir, gold.kernels, info["layers"])
             counts: dict[str, int] = {}

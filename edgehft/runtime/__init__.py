@@ -14,7 +14,7 @@ from pathlib import Path
 
 from edgehft.boards import load_board
 from edgehft.bundle import Bundle, load_bundle
-from edgehft.errors import BundleError, InputError
+from edgehft.errors import BoardUnavailableError, BundleError, InputError
 from edgehft.runtime.base import Runner
 
 __all__ = ["open", "Runner"]
@@ -46,5 +46,12 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
     if spec.backend == "cpu" and (options.get("emulate") or options.get("device")):
         raise InputError(f"--emulate/--device apply to accelerator boards; {name} runs on this host's CPU",
                          hint="drop the option, or open a bundle compiled for an accelerator board")
-    module = importlib.import_module(f"edgehft.runtime.{spec.backend}")
+    try:
+        module = importlib.import_module(f"edgehft.runtime.{spec.backend}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"edgehft.runtime.{spec.backend}":
+            raise
+        raise BoardUnavailableError(f"this edgehft has no runtime backend {spec.backend!r} for board {name} yet",
+                                    hint="`edgehft compile` and `edgehft report` already work for it; compile "
+                                         "the model with --board cpu to run it on this host meanwhile") from None
     return module.Runner(b, spec, threads=threads, affinity=affinity, **options)
