@@ -65,6 +65,9 @@ class OpInfo:
     custom_code: str | None
     custom_options: bytes
     options: dict = field(default_factory=dict, compare=False)  # builtin options, schema field names
+    # Tensor indices of the op's ``intermediates`` (e.g. the 5 of an int8 LSTM: gate and hidden
+    # quantization parameters); empty when the op has none.
+    intermediates: tuple[int, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,8 @@ class TFLiteModel:
             ops.append(OpInfo(k, name, code.Version(), tuple(op.InputsAsNumpy().tolist()) if op.InputsLength() else (),
                               tuple(op.OutputsAsNumpy().tolist()) if op.OutputsLength() else (),
                               custom, bytes(opts.tobytes()) if opts is not None else b"",
-                              _builtin_options(op)))
+                              _builtin_options(op),
+                              tuple(op.IntermediatesAsNumpy().tolist()) if op.IntermediatesLength() else ()))
         name = (g.Name() or b"").decode()
         ins = tuple(g.InputsAsNumpy().tolist()) if g.InputsLength() else ()
         outs = tuple(g.OutputsAsNumpy().tolist()) if g.OutputsLength() else ()
