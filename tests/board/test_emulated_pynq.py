@@ -3,7 +3,6 @@ for the emulation .hwh of every PYNQ board (bitstreams/recipes/emulation_hwh.py)
 here are toys (the int8 kernels come from bitstreams/kernels); they only prove the plumbing."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import tomllib
@@ -19,6 +18,7 @@ from pynqmetadata.frontends import Metadata
 from pynqmetadata.views.runtime import RuntimeMetadataParser
 
 from edgehft.emulate import EmulatedBusError, EmulationError
+from edgehft.emulate.hwh import build_hwh, write_emulation_hwh
 from edgehft.emulate.pynq_board import EmulatedPynqDevice, install, write_placeholder_bit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,20 +47,13 @@ class Negate:
         mem.write(args["y"], (-np.frombuffer(mem.read(args["x"], n), np.int8)).tobytes())
 
 
-def _load_recipe():
-    spec = importlib.util.spec_from_file_location("emulation_hwh", RECIPE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="session")
 def hwhs(tmp_path_factory) -> dict[str, Path]:
     """The emulation .hwh (and its placeholder .bit) of every board."""
-    recipe, out = _load_recipe(), tmp_path_factory.mktemp("overlays")
+    out = tmp_path_factory.mktemp("overlays")
     paths = {}
     for b in BOARDS:
-        paths[b] = recipe.write_emulation_hwh(ROOT / "boards" / f"{b}.toml",
+        paths[b] = write_emulation_hwh(ROOT / "boards" / f"{b}.toml",
                                               ROOT / "bitstreams" / "kernels" / "interface.toml", out / b)
         write_placeholder_bit(paths[b])
     return paths
@@ -108,7 +101,7 @@ def test_overlapping_arguments_are_refused():
     bad = {k: {**v, "args": [*v["args"], {"name": "late", "offset": 0x58, "bits": 32}]}
            for k, v in INTERFACE.items()}                       # 0x58 is inside y (0x54, 12 bytes)
     with pytest.raises(ValueError, match="late"):
-        _load_recipe().build_hwh(BOARDS["kv260"], bad)
+        build_hwh(BOARDS["kv260"], bad)
 
 
 @pytest.mark.parametrize("name", BOARDS)
