@@ -32,6 +32,10 @@ seq = keras.Sequential([keras.Input((20, 8), name="x"), keras.layers.LSTM(12, na
                         keras.layers.Dense(3, activation="softmax", name="probs")])
 seq.save(out / "k3_seq_lstm.keras")
 
+inp = keras.Input((20, 8), name="x")         # LSTM and Dense are the whole graph (the FPGA takes both)
+h = keras.layers.LSTM(16, return_sequences=True, name="lstm")(inp)
+keras.Model(inp, keras.layers.Dense(4, name="head")(h)).save(out / "k3_lstm_dense.keras")
+
 inp = keras.Input((20, 8), name="x")
 h = keras.layers.LSTM(16)(inp)
 h = h * 2.0                                  # a raw keras.ops call, not a layer

@@ -217,10 +217,13 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
             manifest.toolchain.update(stage.toolchain)
             warnings += stage.warnings
         elif board.backend == "pynq":
-            from edgehft.partition.pynq import pynq_report
+            from edgehft.compiler.pynq import pynq_stage
             say("partition for the FPGA overlay")
-            report = pynq_report(ir, board)
+            stage = pynq_stage(model_file, board, gold.kernels, say=say)
+            report = stage.report
             report.drift, report.golden = drift, golden
+            files.update(stage.files)
+            manifest.artifacts, manifest.accelerator = stage.artifacts, stage.accelerator
         else:
             ops = _op_report(ir, gold.kernels, info["layers"])
             counts: dict[str, int] = {}

@@ -44,6 +44,7 @@ class KernelCall:
     weight_bytes: int
     in_bytes: int
     out_bytes: int
+    slot: int = 0                # on-chip weight slot of this kernel (0, 1, ... per kernel)
 
 
 @dataclass
@@ -140,6 +141,7 @@ def partition(model: TFLiteModel, board) -> PynqPartition:
     calls: dict[int, KernelCall] = {}
     refusals: dict[int, tuple] = {}
     budget = int(ov["weight_bytes"])
+    used: dict[str, int] = {}
     for op in model.main.ops:
         check = {"FULLY_CONNECTED": _check_fc, "UNIDIRECTIONAL_SEQUENCE_LSTM": _check_lstm}.get(op.name)
         if check is None:
@@ -148,9 +150,14 @@ def partition(model: TFLiteModel, board) -> PynqPartition:
         if call is not None and call.weight_bytes > budget:
             call, refusal = None, ("WEIGHTS_DONT_FIT", f"{call.weight_bytes:,} B of weights; {budget:,} B of the "
                                    f"overlay's on-chip weight memory left", "shrink the layer or use a larger board")
+        if call is not None and used.get(call.kernel, 0) >= int(ov.get("slots", 4)):
+            call, refusal = None, ("NO_SLOT", f"the overlay's {call.kernel} holds {ov.get('slots', 4)} layers; "
+                                   "this is one more", "run the extra layers on the CPU (automatic)")
         if call is None:
             refusals[op.index] = refusal
         else:
+            call.slot = used.get(call.kernel, 0)
+            used[call.kernel] = call.slot + 1
             calls[op.index] = call
             budget -= call.weight_bytes
     part = PynqPartition(board.name, ov["name"], float(fpga["fabric_clock_mhz"]), calls, refusals)

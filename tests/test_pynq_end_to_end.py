@@ -1,0 +1,128 @@
+"""PYNQ boards end to end: compile here (TensorFlow venv), run in the board venv (.venv-board: pynq
+4.0.0, numpy < 2, no TensorFlow) on the emulated board, and compare with the cpu board bit for bit."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import DEEPLOB, FEED_DAY1, ROOT
+from edgehft.compiler.pipeline import CompileOptions, compile_model
+
+BOARD_PY = ROOT / ".venv-board" / "bin" / "python"
+pytestmark = pytest.mark.skipif(not BOARD_PY.exists(), reason=".venv-board missing: run scripts/board-venv.sh")
+
+RUN_ON_BOARD = r"""
+import json, sys
+import numpy as np
+from edgehft import runtime
+bundle, xs_path, out_path = sys.argv[1:4]
+xs = np.load(xs_path)
+with runtime.open(bundle, emulate=True) as r:
+    ys = np.stack([r.predict_raw(x)[0].copy() for x in xs])
+    d = r.describe()
+np.save(out_path, ys)
+print(json.dumps({"emulated": d["emulated"], "steps": d["steps"], "starts": d["device"]["ips"]}))
+"""
+
+
+def _board(bundle: Path, xs: np.ndarray, tmp: Path) -> tuple[np.ndarray, dict]:
+    np.save(tmp / "xs.npy", xs)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run([str(BOARD_PY), "-c", RUN_ON_BOARD, str(bundle), str(tmp / "xs.npy"), str(tmp / "ys.npy")],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return np.load(tmp / "ys.npy"), json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _cpu(bundle: Path, xs: np.ndarray | None = None, floats: np.ndarray | None = None):
+    """The cpu board on the same int8 model (the pynq bundle's model.tflite): raw outputs for raw
+    inputs ``xs``, or (raw inputs, raw outputs) for float windows ``floats``."""
+    from edgehft.boards import load_board
+    from edgehft.bundle import load_bundle
+    from edgehft.runtime.cpu import Runner
+    with Runner(load_bundle(bundle), load_board("cpu")) as r:
+        if xs is not None:
+            return np.stack([r.predict_raw(x)[0].copy() for x in xs])
+        raw, ys = [], []
+        for x in floats:
+            r.predict(x)                              # quantizes into the interpreter's input
+            raw.append(r.inputs[0].dest[0].copy())
+            ys.append(r.outputs[0].src[0].copy())
+        return np.stack(raw), np.stack(ys)
+
+
+@pytest.fixture(scope="module")
+def deeplob_pynq(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pynq") / "deeplob.pynq-z2"
+    compile_model(DEEPLOB / "deeplob.keras", [FEED_DAY1], out, CompileOptions(board="pynq-z2"))
+    return out
+
+
+def test_deeplob_on_the_emulated_pynq_z2_equals_the_cpu_board(deeplob_pynq, deeplob_windows, tmp_path):
+    xs = deeplob_windows["x"][:1000]
+    assert len(xs) == 1000
+    raw, cpu = _cpu(deeplob_pynq, floats=xs)
+    ys, info = _board(deeplob_pynq, raw, tmp_path)
+    assert info["emulated"] is True
+    assert info["steps"] == ["cpu:litert", "fpga:lstm_int8", "cpu:litert", "fpga:dense_int8", "cpu:litert"]
+    assert info["starts"]["lstm_int8_0"]["starts"] == 1 + len(raw)     # one weight load, then one per window
+    assert np.array_equal(ys, cpu)
+
+
+def test_lstm_and_dense_only_model(models, tmp_path):
+    out = tmp_path / "ld.kv260"
+    compile_model(models / "k3_lstm_dense.keras", [models / "calib.npy"], out, CompileOptions(board="kv260"))
+    rep = json.loads((out / "report.json").read_text())
+    assert [o["placement"] for o in rep["ops"]] == ["accelerator", "accelerator"]
+    xs = np.load(models / "calib.npy")[:200]
+    raw, cpu = _cpu(out, floats=xs)
+    ys, info = _board(out, raw, tmp_path)
+    assert info["steps"] == ["fpga:lstm_int8", "fpga:dense_int8"]
+    assert np.array_equal(ys, cpu)
+
+
+FAULTS_ON_BOARD = r"""
+import json, sys
+import numpy as np
+from edgehft import runtime
+from edgehft.emulate import EmulatedBusError
+bundle, xs_path = sys.argv[1:3]
+xs = np.load(xs_path)
+out = {}
+with runtime.open(bundle, emulate=True) as r:
+    good = [r.predict_raw(x)[0].copy() for x in xs]
+    lstm = next(h for kind, st, h in r._steps if kind == "fpga" and st["kernel"] == "lstm_int8")
+    lstm[1]["x"].flush = lambda: None                      # the driver forgets to flush the input
+    stale = [r.predict_raw(x)[0].copy() for x in xs]
+    out["forgotten_flush_equal"] = [bool(np.array_equal(a, b)) for a, b in zip(good, stale)]
+with runtime.open(bundle, emulate=True) as r:
+    ip = r.ips["lstm_int8"]
+    offsets = dict(type(ip).OFFSETS)
+    type(ip).OFFSETS = {**offsets, "x": (0x44, 64)}        # x pointer written one word too low
+    try:
+        wrong = [r.predict_raw(x)[0].copy() for x in xs]
+        out["wrong_offset_equal"] = [bool(np.array_equal(a, b)) for a, b in zip(good, wrong)]
+    except EmulatedBusError as exc:
+        out["wrong_offset_error"] = str(exc)
+    finally:
+        type(ip).OFFSETS = offsets
+print(json.dumps(out))
+"""
+
+
+def test_forgotten_flush_and_wrong_register_offset_fail(deeplob_pynq, deeplob_windows, tmp_path):
+    raw, _ = _cpu(deeplob_pynq, floats=deeplob_windows["x"][:6])
+    np.save(tmp_path / "xs.npy", raw)
+    r = subprocess.run([str(BOARD_PY), "-c", FAULTS_ON_BOARD, str(deeplob_pynq), str(tmp_path / "xs.npy")],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    # The device never sees the new windows: the LSTM keeps reading the stale buffer (the first call
+    # after the fault still sees the previous window's input, so at most it can match by chance).
+    assert out["forgotten_flush_equal"].count(False) >= 4
+    assert "wrong_offset_error" in out or out["wrong_offset_equal"].count(False) >= 4
+    if "wrong_offset_error" in out:
+        assert "outside" in out["wrong_offset_error"] or "pointer" in out["wrong_offset_error"]
