@@ -22,6 +22,8 @@ from edgehft.kernels.csim import (CSimDenseKernel, CSimLstmKernel, KernelLibrary
 from test_kernel_reference import (FC_MODE, PATHS, capture, kernel_models, op_io, patch_scales,  # noqa: F401
                                    stress_inputs)
 
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++: the kernel library is C++ built here")
+
 slow = pytest.mark.slow
 FC_MODES = ("gemmlowp", "ruy-x86", "fp32", "single", "float64")
 

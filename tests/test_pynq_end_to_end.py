@@ -2,6 +2,7 @@
 4.0.0, numpy < 2, no TensorFlow) on the emulated board, and compare with the cpu board bit for bit."""
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from conftest import DEEPLOB, FEED_DAY1, ROOT
 from edgehft.compiler.pipeline import CompileOptions, compile_model
 
 BOARD_PY = ROOT / ".venv-board" / "bin" / "python"
-pytestmark = pytest.mark.skipif(not BOARD_PY.exists(), reason=".venv-board missing: run scripts/board-venv.sh")
+pytestmark = [pytest.mark.skipif(not BOARD_PY.exists(), reason=".venv-board missing: run scripts/board-venv.sh"),
+              pytest.mark.skipif(shutil.which("g++") is None, reason="no g++: the emulated kernels are C++ built here")]
 
 RUN_ON_BOARD = r"""
 import json, sys
