@@ -128,3 +128,55 @@ def test_forgotten_flush_and_wrong_register_offset_fail(deeplob_pynq, deeplob_wi
     assert "wrong_offset_error" in out or out["wrong_offset_equal"].count(False) >= 4
     if "wrong_offset_error" in out:
         assert "outside" in out["wrong_offset_error"] or "pointer" in out["wrong_offset_error"]
+
+
+REFUSALS_ON_BOARD = r"""
+import json, sys, tomllib
+from pathlib import Path
+from edgehft import runtime
+from edgehft.boards import load_board
+from edgehft.emulate import EmulatedPynqDevice, install, write_placeholder_bit
+from edgehft.emulate.hwh import build_hwh, interface_path, write_emulation_hwh
+from edgehft.errors import EdgeHFTError
+bundle, tmp = sys.argv[1], Path(sys.argv[2])
+out = {}
+def attempt(key, **kw):
+    try:
+        with runtime.open(bundle, **kw):
+            out[key] = "opened"
+    except EdgeHFTError as exc:
+        out[key] = f"{type(exc).__name__}: {exc.args[0]}"
+attempt("no_overlay", overlay=tmp / "nope.bit")
+lonely = tmp / "lonely.bit"; lonely.write_bytes(b"placeholder")
+attempt("no_hwh", overlay=lonely)
+kv = write_emulation_hwh(Path(load_board("kv260").path), interface_path(), tmp / "kv260")
+attempt("wrong_part", overlay=write_placeholder_bit(kv))
+iface = tomllib.loads(interface_path().read_text())
+bumped = {k: {**v, "vlnv": v["vlnv"][:-3] + "1.1", "version": "1.1"} for k, v in iface.items()}
+board = tomllib.loads(Path(load_board("pynq-z2").path).read_text())
+hwh = tmp / "z2v11" / (board["overlay"]["name"] + ".hwh"); hwh.parent.mkdir()
+hwh.write_text(build_hwh(board, bumped))
+with install(EmulatedPynqDevice(hwh, {})):
+    attempt("ip_version", overlay=write_placeholder_bit(hwh))
+print(json.dumps(out))
+"""
+
+
+def test_pynq_runtime_refusals(deeplob_pynq, tmp_path):
+    r = subprocess.run([str(BOARD_PY), "-c", REFUSALS_ON_BOARD, str(deeplob_pynq), str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["no_overlay"].startswith("BoardUnavailableError: no overlay bitstream")
+    assert out["no_hwh"] == "BoardUnavailableError: lonely.bit has no lonely.hwh next to it"
+    assert out["wrong_part"].startswith("BoardUnavailableError: edgehft_kv260.hwh was built for part xck26")
+    assert "dense_int8_0 is edgehft:hls:dense_int8:1.1; this edgehft drives edgehft:hls:dense_int8:1.0" \
+        in out["ip_version"]
+
+
+def test_pynq_bundle_without_pynq_says_how_to_get_it(deeplob_pynq):
+    from edgehft import runtime
+    from edgehft.errors import BoardUnavailableError
+    with pytest.raises(BoardUnavailableError, match="pynq is not installed") as err:
+        runtime.open(deeplob_pynq)
+    assert "numpy < 2" in err.value.hint
