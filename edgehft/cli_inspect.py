@@ -29,7 +29,8 @@ from edgehft.errors import InputError
 @handles_errors
 def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, as_json):
     """Show the op placement report of PATH: a bundle directory, a quantized .tflite (predicted
-    partition for --board), or a compiled *_edgetpu.tflite (what is inside the edgetpu-custom-op)."""
+    partition for --board), a compiled *_edgetpu.tflite (what is inside the edgetpu-custom-op), or an
+    .onnx model (predicted TensorRT parser support and DLA/GPU placement for a Jetson --board)."""
     from edgehft.report import Report, print_report
     p = Path(path)
     model_flags = [f for f, v in (("--board", board), ("--cpu-model", cpu_model), ("-m", min_runtime),
@@ -43,6 +44,19 @@ def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, as
         rep = Report(**b.report())
         if as_json:
             click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
+            return
+        print_report(rep, out)
+        return
+    if p.suffix == ".onnx":
+        from edgehft.boards import load_board
+        from edgehft.partition.tensorrt import tensorrt_report
+        spec = load_board(board or "jetson-agx-orin")
+        if spec.backend != "jetson":
+            raise InputError(f"an ONNX placement prediction is available for Jetson boards, not {spec.name}",
+                             hint="pass --board jetson-agx-orin (or jetson-orin-nx, jetson-orin-nano, jetson-xavier-nx)")
+        rep = tensorrt_report(str(p), spec, "as exported")
+        if as_json:
+            click.echo(json.dumps({"model": str(p), "report": rep.model_dump()}))
             return
         print_report(rep, out)
         return

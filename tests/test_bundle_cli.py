@@ -78,7 +78,7 @@ def test_boards_json_and_unknown_board():
     assert cpu["default_quantization"] == "int8" and cpu["backend"] == "cpu"
     res = r.invoke(main, ["compile", str(DEEPLOB / "deeplob.keras"), "--board", "nope", "--calib",
                           str(FEED_DAY1), "--out", "x"])
-    assert res.exit_code == 3 and "unknown board 'nope'" in res.output and "known boards: coral-devboard, coral-m2, coral-pcie, coral-usb, cpu, kv260, pynq-z2, ultra96, zcu104" in " ".join(res.output.split())
+    assert res.exit_code == 3 and "unknown board 'nope'" in res.output and "known boards: coral-devboard, coral-m2, coral-pcie, coral-usb, cpu, jetson-agx-orin, jetson-orin-nano, jetson-orin-nx, jetson-xavier-nx, kv260, pynq-z2, ultra96, zcu104" in " ".join(res.output.split())
 
 
 def test_not_a_bundle_exit_code(tmp_path):

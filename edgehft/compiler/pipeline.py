@@ -121,6 +121,10 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
     if not model.exists():
         raise InputError(f"no such model: {model}")
     board = load_board(opts.board)
+    if board.backend == "jetson":
+        raise InputError(f"compile for {board.name} is not available yet: the ONNX export stage is being built",
+                         hint=f"export the model to ONNX and run `edgehft report MODEL.onnx --board {board.name}` "
+                              "for the predicted TensorRT/DLA placement")
     as_is = model.suffix == ".tflite"
     if board.backend != "coral" and (opts.edgetpu_model or (opts.edgetpu and any(
             v is not None for v in vars(opts.edgetpu).values()))):
