@@ -64,10 +64,15 @@ def _check_device(ctx, param, value):
 
 device_opt = click.option("--device", default=None, callback=_check_device,
                           help="Accelerator device, e.g. usb, usb:1, pci:0 (Edge TPU).")
+overlay_opt = click.option("--overlay", default=None, type=click.Path(dir_okay=False),
+                           help="PYNQ boards: the overlay's .bit (its .hwh next to it); default the board "
+                                "file's [runtime] overlay_dir.")
 
 
-def _backend_options(emulate: bool, device: str | None) -> dict:
+def _backend_options(emulate: bool, device: str | None, overlay: str | None = None) -> dict:
     opts = {}
+    if overlay:
+        opts["overlay"] = overlay
     if emulate:
         opts["emulate"] = True
     if device:
@@ -186,15 +191,16 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
 @affinity_opt
 @emulate_opt
 @device_opt
+@overlay_opt
 @json_opt
 @handles_errors
-def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, emulate, device, as_json):
+def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, emulate, device, overlay, as_json):
     """Print predictions for TICKS, or check the golden vectors with --golden."""
     from edgehft import runtime
     if not ticks and not golden:
         raise click.UsageError("give --ticks FILE or --golden")
     with runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity),
-                      **_backend_options(emulate, device)) as r:
+                      **_backend_options(emulate, device, overlay)) as r:
         _say_emulated(r, as_json)
         if golden:
             result = check_golden(r)
@@ -209,8 +215,10 @@ def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, emulate, dev
             if not result["ok"]:
                 raise GoldenMismatchError(f"{result['count'] - result['matched']} of {result['count']} golden "
                                           f"vectors differ (max diff {result['max_diff']})",
-                                          hint="the interpreter path differs from the one that made the "
-                                               "bundle: " + result["expected_path"])
+                                          hint=("the overlay's kernels or the bundle's FPGA weights do not "
+                                                "reproduce the golden path " if r.describe().get("backend") == "pynq"
+                                                else "the interpreter path differs from the one that made the "
+                                                     "bundle: ") + result["expected_path"])
             return
         w = _bundle_windows(r.bundle, ticks)
         n = len(w) if limit == 0 else min(limit, len(w))
@@ -283,10 +291,11 @@ def check_golden(runner) -> dict:
 @affinity_opt
 @emulate_opt
 @device_opt
+@overlay_opt
 @json_opt
 @handles_errors
 def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, board, threads,
-              affinity, emulate, device, as_json):
+              affinity, emulate, device, overlay, as_json):
     """Replay real ticks through BUNDLE and print latency percentiles in µs."""
     from edgehft import runtime
     from edgehft.bench.fingerprint import machine_fingerprint
@@ -294,7 +303,7 @@ def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap
     if not ticks:
         raise click.UsageError("give --ticks FILE")
     with runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity),
-                      **_backend_options(emulate, device)) as r:
+                      **_backend_options(emulate, device, overlay)) as r:
         _say_emulated(r, as_json)
         w = _bundle_windows(r.bundle, ticks)
         x = np.ascontiguousarray(w.x, dtype=np.float32)
@@ -323,14 +332,15 @@ def print_bench(report: dict) -> None:
     t.add_row(*(f"{lat[k]:.1f}" for k in ("p50", "p90", "p99", "p99.9", "max", "mean", "std")))
     out.print(t)
     budget = report.get("budget_us") or {}
-    if budget:
+    if budget and report["runner"]["emulated"]:
+        out.print(f"board budget ({report['runner']['board']}): n/a — emulated, the device's timing is not measured")
+    elif budget:
         verdicts = []
         for key, got in (("p99", lat["p99"]), ("p999", lat["p99.9"])):
             if key in budget:
                 ok = got <= budget[key]
                 verdicts.append(f"{key} {got:.0f} vs {budget[key]:.0f} µs " + ("[green]within[/]" if ok else "[red]OVER[/]"))
-        out.print(f"board budget ({report['runner']['board']}): " + "; ".join(verdicts)
-                  + (" — emulated: the device's timing is not measured" if report["runner"]["emulated"] else ""))
+        out.print(f"board budget ({report['runner']['board']}): " + "; ".join(verdicts))
     if report.get("start_delay_us"):
         d = report["start_delay_us"]
         out.print(f"start delay behind the recorded tick time: p50 {d['p50']:.1f} µs, p99 {d['p99']:.1f} µs")

@@ -158,6 +158,14 @@ hwh = tmp / "z2v11" / (board["overlay"]["name"] + ".hwh"); hwh.parent.mkdir()
 hwh.write_text(build_hwh(board, bumped))
 with install(EmulatedPynqDevice(hwh, {})):
     attempt("ip_version", overlay=write_placeholder_bit(hwh))
+import hashlib, shutil
+cut = tmp / "cut"; shutil.copytree(bundle, cut)
+w = cut / "fpga" / "op31.weights.bin"; w.write_bytes(w.read_bytes()[:-100])
+man = json.loads((cut / "manifest.json").read_text())
+man["files"]["fpga/op31.weights.bin"] = hashlib.sha256(w.read_bytes()).hexdigest()
+(cut / "manifest.json").write_text(json.dumps(man))
+bundle = cut
+attempt("truncated_weights", emulate=True)
 print(json.dumps(out))
 """
 
@@ -172,6 +180,8 @@ def test_pynq_runtime_refusals(deeplob_pynq, tmp_path):
     assert out["wrong_part"].startswith("BoardUnavailableError: edgehft_kv260.hwh was built for part xck26")
     assert "dense_int8_0 is edgehft:hls:dense_int8:1.1; this edgehft drives edgehft:hls:dense_int8:1.0" \
         in out["ip_version"]
+    assert out["truncated_weights"].startswith("BundleError:") and "fpga/op31.weights.bin holds 65436 B" \
+        in out["truncated_weights"]
 
 
 def test_pynq_bundle_without_pynq_says_how_to_get_it(deeplob_pynq):

@@ -80,7 +80,8 @@ def _check_fc(op: OpInfo, m: TFLiteModel, ov: dict) -> tuple[KernelCall | None, 
     rows = int(np.prod(x.shape)) // n_in
     if n_in > ov["dense_max_in"] or n_out > ov["dense_max_out"]:
         return None, ("TOO_LARGE", f"{n_in} -> {n_out} exceeds the kernel's {ov['dense_max_in']} -> "
-                                   f"{ov['dense_max_out']}", "split the layer, or run it on the CPU")
+                                   f"{ov['dense_max_out']}", f"keep Dense layers within {ov['dense_max_in']} inputs and "
+                                                             f"{ov['dense_max_out']} units to run them in the fabric")
     lanes = ov["dense_lanes"]
     cycles = rows * (n_out * math.ceil(n_in / lanes) + PIPELINE_DEPTH) + _stream(rows * n_in, rows * n_out)
     return KernelCall(op.index, "dense_int8", rows * n_in * n_out, cycles, n_out * n_in + 4 * n_out,
@@ -106,7 +107,8 @@ def _check_lstm(op: OpInfo, m: TFLiteModel, ov: dict) -> tuple[KernelCall | None
               ("steps", steps, ov["lstm_max_steps"]))
     for what, got, most in limits:
         if got > most:
-            return None, ("TOO_LARGE", f"{what} {got} exceeds the kernel's {most}", "run it on the CPU")
+            return None, ("TOO_LARGE", f"{what} {got} exceeds the kernel's {most}",
+                          f"use at most {most} ({what}) to run it in the fabric; as is it runs on the ARM cores")
     lanes = ov["lstm_lanes"]
     macs = steps * 4 * n_h * (n_in + n_h)
     per_step = math.ceil(4 * n_h * (n_in + n_h) / lanes) + n_h + LSTM_STEP_DEPTH
@@ -116,7 +118,7 @@ def _check_lstm(op: OpInfo, m: TFLiteModel, ov: dict) -> tuple[KernelCall | None
 
 
 def _macs(model: TFLiteModel, op: OpInfo) -> int:
-    """Multiply-accumulates of a CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED op (0 for others)."""
+    """Multiply-accumulates of a CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED / int8 LSTM op (0 for others)."""
     g = model.main
     if op.name == "CONV_2D":
         w = g.tensors[op.inputs[1]].shape                       # (out_c, kh, kw, in_c)
@@ -127,6 +129,10 @@ def _macs(model: TFLiteModel, op: OpInfo) -> int:
     if op.name == "FULLY_CONNECTED":
         w = g.tensors[op.inputs[1]].shape
         return int(np.prod(g.tensors[op.outputs[0]].shape)) * w[1]
+    if op.name == "UNIDIRECTIONAL_SEQUENCE_LSTM":
+        x = g.tensors[op.inputs[0]].shape
+        n_h = g.tensors[op.inputs[5]].shape[0]
+        return int(np.prod(x[:-1])) * 4 * n_h * (x[-1] + n_h)
     return 0
 
 
@@ -151,8 +157,9 @@ def partition(model: TFLiteModel, board) -> PynqPartition:
             call, refusal = None, ("WEIGHTS_DONT_FIT", f"{call.weight_bytes:,} B of weights; {budget:,} B of the "
                                    f"overlay's on-chip weight memory left", "shrink the layer or use a larger board")
         if call is not None and used.get(call.kernel, 0) >= int(ov.get("slots", 4)):
-            call, refusal = None, ("NO_SLOT", f"the overlay's {call.kernel} holds {ov.get('slots', 4)} layers; "
-                                   "this is one more", "run the extra layers on the CPU (automatic)")
+            call, refusal = None, ("NO_SLOT", f"the overlay's {call.kernel} holds {ov.get('slots', 4)} layers and "
+                                   "they are taken by earlier ones", "fewer layers of this kind, or a board whose "
+                                   "overlay has more slots; this one runs on the ARM cores")
         if call is None:
             refusals[op.index] = refusal
         else:
@@ -175,22 +182,17 @@ def _segments(part: PynqPartition, model: TFLiteModel, board) -> None:
         else:
             segs.append(Segment(index=len(segs), placement=p, ops=[op.index]))
     part.segments = segs
-    where = {k: s.index for s in segs for k in s.ops}
-    producer = {o: op.index for op in g.ops for o in op.outputs}
-    copies: dict[tuple, dict] = {}
-    for op in g.ops:
-        for i in op.inputs:
-            src = producer.get(i)
-            if i < 0 or src is None or place[src] == place[op.index]:
-                continue
-            key = (where[src], where[op.index], i)
-            t = g.tensors[i]
-            copies[key] = {"from_segment": where[src], "to_segment": where[op.index], "tensor": t.name,
-                           "bytes": _size(t), "direction": "to_fpga" if place[op.index] == "accelerator" else "to_cpu"}
+    # The runtime hands every kernel call its input through a host buffer (copy + flush) and reads its
+    # output back (invalidate + copy), even between two consecutive FPGA ops: one copy in and one copy
+    # out per call, each with the board's call overhead (AXI-Lite writes, cache maintenance, polling).
     over, bw = float(board.fpga["call_overhead_us"]), float(board.fpga["axi_bytes_per_s"])
-    for c in copies.values():
-        c["us"] = round(over + c["bytes"] / bw * 1e6, 2)
-    part.copies = list(copies.values())
+    copies = []
+    for k, call in sorted(part.calls.items()):
+        op = g.ops[k]
+        for direction, t in (("to_fpga", g.tensors[op.inputs[0]]), ("to_cpu", g.tensors[op.outputs[0]])):
+            copies.append({"op": k, "kernel": call.kernel, "direction": direction, "tensor": t.name,
+                           "bytes": _size(t), "us": round(over + _size(t) / bw * 1e6, 2)})
+    part.copies = copies
 
 
 def pynq_report(model: TFLiteModel, board) -> Report:
@@ -241,21 +243,28 @@ def pynq_report(model: TFLiteModel, board) -> Report:
     lines = [f"{len(part.calls)} of {len(ops)} ops run in the fabric ({', '.join(sorted({c.kernel for c in part.calls.values()})) or 'none'}); "
              f"{len(ops) - len(part.calls)} on the ARM cores through LiteRT."]
     for si in seg_info:
-        lines.append(f"FPGA segment {si['segment']} (ops {', '.join(f'#{k}' for k in si['ops'])}): "
+        lines.append(f"fabric ops {', '.join(f'#{k}' for k in si['ops'])}: "
                      f"{si['macs']:,} MACs, ~{si['cycles']:,} cycles = {si['us']:,.1f} µs at {mhz:g} MHz.")
     if part.copies:
-        lines.append(f"{len(part.copies)} boundary copies ARM<->fabric: {sum(c['bytes'] for c in part.copies):,} B, "
-                     f"~{copy_us:,.1f} µs ({board.fpga['call_overhead_us']} µs each for flush/invalidate and "
-                     "ap_ctrl, plus bytes over AXI).")
+        each = "; ".join(f"#{c['op']} {'in' if c['direction'] == 'to_fpga' else 'out'} {c['bytes']:,} B {c['us']:g} µs"
+                         for c in part.copies)
+        lines.append(f"{len(part.copies)} ARM<->fabric copies (one in, one out per kernel call), "
+                     f"{sum(c['bytes'] for c in part.copies):,} B, ~{copy_us:,.1f} µs: {each} "
+                     f"({board.fpga['call_overhead_us']} µs each for flush/invalidate and ap_ctrl, plus bytes over AXI).")
     if macs:
         lines.append(f"MAC-bound limit of the fabric work: {macs:,} MACs / ({dsp} DSPs x {mhz:g} MHz) = "
-                     f"{bound_us:,.1f} µs; the overlay uses {board.overlay['lstm_lanes'] + board.overlay['dense_lanes']}"
+                     f"{bound_us:,.2f} µs; the overlay uses {board.overlay['lstm_lanes'] + board.overlay['dense_lanes']}"
                      f" lanes, so the estimate is {fpga_us / bound_us:.1f}x that limit.")
+        used_w = sum(c.weight_bytes for c in part.calls.values())
+        lines.append(f"on-chip weight memory: {used_w:,} of {int(board.overlay['weight_bytes']):,} B; slots used: "
+                     + ", ".join(f"{k} {sum(c.kernel == k for c in part.calls.values())}/{board.overlay.get('slots', 4)}"
+                                 for k in sorted({c.kernel for c in part.calls.values()})) + ".")
     cpu_macs = sum(_macs(model, op) for op in model.main.ops if op.index not in part.calls)
     if cpu_macs:
-        lines.append(f"the ARM cores keep {cpu_macs:,} MACs of CONV_2D/DEPTHWISE_CONV_2D/FULLY_CONNECTED work "
-                     f"({cpu_macs / max(macs + cpu_macs, 1):.0%} of the model's): on a board's ARM cores that, "
-                     "not the fabric, sets the latency.")
+        share = cpu_macs / max(macs + cpu_macs, 1)
+        lines.append(f"the ARM cores keep {cpu_macs:,} MACs of CONV/FC/LSTM work ({share:.1%} of the model's); "
+                     "their time is not estimated here (LiteRT on the board's cores: measure with `edgehft bench` on "
+                     "the board)" + ("; that, not the fabric, sets the latency." if share > 0.5 else "."))
     for k, (code, reason, fix) in part.refusals.items():
         lines.append(f"#{k} {model.main.ops[k].name} stays on the CPU: {reason}" + (f" (fix: {fix})" if fix else ""))
     rep.summary = lines

@@ -135,8 +135,8 @@ class Runner(_Runner):
             / f"{name}.bit"
         if not bit.is_file():
             raise BoardUnavailableError(f"no overlay bitstream {bit}",
-                                        hint="build it (bitstreams/README.md) and copy <overlay>.bit and .hwh to the "
-                                             "board, pass overlay=PATH, or run with --emulate")
+                                        hint=f"build it (bitstreams/README.md) and copy {name}.bit and .hwh to "
+                                             f"{bit.parent} on the board, pass --overlay PATH, or run with --emulate")
         if not bit.with_suffix(".hwh").is_file():
             raise BoardUnavailableError(f"{bit.name} has no {bit.with_suffix('.hwh').name} next to it",
                                         hint="pynq needs the .hwh with the same stem as the .bit")
@@ -153,7 +153,35 @@ class Runner(_Runner):
             raise BoardUnavailableError(f"{hwh.name} was built for part {''.join(got)}, board {board.name} is "
                                         f"{board.fpga['part']}", hint="use the overlay built for this board")
 
+    def _check_steps(self) -> None:
+        """Every kernel call's files, lengths and sizes agree with each other and with the overlay's limits,
+        before any DMA (a truncated weights file would be an out-of-bounds read on the board)."""
+        ov = self.board_spec.overlay
+        limits = {"dense_int8": {"n_in": ov["dense_max_in"], "n_out": ov["dense_max_out"]},
+                  "lstm_int8": {"n_in": ov["lstm_max_in"], "n_hidden": ov["lstm_max_hidden"],
+                                "steps": ov["lstm_max_steps"]}}
+        for st in self.graph["steps"]:
+            if st["placement"] != "fpga":
+                continue
+            where = f"bundle {self.bundle.path}: step for op #{st['op']} ({st['kernel']})"
+            for key, itemsize in (("weights", 1), ("params", 4)):
+                size = (self.bundle.path / st[key]).stat().st_size
+                if size != st[f"{key}_len"] * itemsize:
+                    raise BundleError(f"{where}: {st[key]} holds {size} B, steps.json says "
+                                      f"{st[f'{key}_len'] * itemsize}", hint="compile the bundle again")
+            for dim, most in limits[st["kernel"]].items():
+                if int(st["dims"].get(dim, 0)) > int(most):
+                    raise BundleError(f"{where}: {dim} {st['dims'][dim]} exceeds the overlay's {most} on "
+                                      f"{self.board_spec.name}", hint="compile the bundle again for this board")
+            n_x = int(np.prod(st["inputs"][0]["shape"]))
+            d = st["dims"]
+            want = d["rows"] * d["n_in"] if st["kernel"] == "dense_int8" else d["steps"] * d["n_in"]
+            if n_x != want:
+                raise BundleError(f"{where}: input of {n_x} values, the kernel's dims read {want}",
+                                  hint="compile the bundle again")
+
     def _open_steps(self, pynq, op_resolver: str) -> None:
+        self._check_steps()
         mod, _, _ = load_interpreter_module()
         self._steps = []
         for st in self.graph["steps"]:
