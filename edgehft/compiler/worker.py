@@ -5,7 +5,10 @@ CLI with it.
 Request (JSON): ``model``, ``quant``, ``lowering`` (auto | tf-keras | native), ``calib_npz`` and
 ``eval_npz`` (arrays ``x``), ``out`` (directory). Writes into ``out``: ``stage`` (the step it is in),
 ``model.tflite``, ``float_outputs.npz`` (Keras outputs ``out0``… on the eval windows), ``info.json``,
-or ``error.json`` (type, message, hint) and exit status 3.
+or ``error.json`` (type, message, hint) and exit status 3. With ``"onnx": true`` also ``model.onnx`` (the
+lowered model via tf2onnx, batch 1) and ``onnx_outputs.npz``; with ``"onnx_fp16": true`` also
+``model_fp16.onnx`` and ``onnx_fp16_outputs.npz``; ``info["onnx"]`` holds op types and the differences
+against the Keras outputs (see :mod:`edgehft.compiler.onnx_export`).
 """
 from __future__ import annotations
 
@@ -151,6 +154,10 @@ def convert(req: dict, out: Path) -> None:
     np.savez(out / "float_outputs.npz", **{f"out{i}": y for i, y in enumerate(float_outs)})
     info = {"flavour": flavour, "lowering": lowering, "input_names": [in_name], "input_shape": list(in_shape),
             "output_names": out_names, "layers": layers, "versions": _versions()}
+    if req.get("onnx") or req.get("onnx_fp16"):           # Jetson: the same lowered model as ONNX
+        from edgehft.compiler.onnx_export import onnx_stage
+        src = model if model is not None else (lambda x: [concrete(**{in_name: x})[k] for k in out_names])
+        info["onnx"] = onnx_stage(req, out, src, in_shape, in_name, held, float_outs, _stage)
     (out / "info.json").write_text(json.dumps(info, indent=1))
     _stage(out, "done")
 
