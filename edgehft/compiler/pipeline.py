@@ -122,7 +122,8 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
         raise InputError(f"no such model: {model}")
     board = load_board(opts.board)
     if board.backend == "jetson":
-        raise InputError(f"compile for {board.name} is not available yet: the ONNX export stage is being built",
+        raise InputError(f"compile for {board.name} is not available yet: the ONNX export runs in the worker, the "
+                         "Jetson bundle stage (golden vectors from ONNX, Q/DQ int8) is the next step",
                          hint=f"export the model to ONNX and run `edgehft report MODEL.onnx --board {board.name}` "
                               "for the predicted TensorRT/DLA placement")
     as_is = model.suffix == ".tflite"
