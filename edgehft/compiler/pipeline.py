@@ -121,11 +121,9 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
     if not model.exists():
         raise InputError(f"no such model: {model}")
     board = load_board(opts.board)
-    if board.backend == "jetson":
-        raise InputError(f"compile for {board.name} is not available yet: the ONNX export runs in the worker, the "
-                         "Jetson bundle stage (golden vectors from ONNX, Q/DQ int8) is the next step",
-                         hint=f"export the model to ONNX and run `edgehft report MODEL.onnx --board {board.name}` "
-                              "for the predicted TensorRT/DLA placement")
+    if board.backend == "jetson" and model.suffix == ".tflite":
+        raise InputError(f"{board.name} takes a Keras model (exported to ONNX), not a .tflite",
+                         hint="pass the .keras / .h5 / SavedModel the .tflite came from")
     as_is = model.suffix == ".tflite"
     if board.backend != "coral" and (opts.edgetpu_model or (opts.edgetpu and any(
             v is not None for v in vars(opts.edgetpu).values()))):
@@ -157,7 +155,15 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                    "calib_npz": str(work / "calib.npz"), "eval_npz": str(work / "eval.npz")}
             if board.backend == "coral":
                 req["io_dtype"] = coral.io_dtype(board)
+            if board.backend == "jetson":
+                from edgehft.compiler import jetson
+                req.update(jetson.worker_request(quant), quant="float")
             info = run_worker(req, work / "worker", timeout_s=opts.timeout_s, on_stage=say)
+            if board.backend == "jetson":
+                with np.load(work / "worker" / "float_outputs.npz") as z:
+                    float_outs = [z[f"out{k}"] for k in range(len(z.files))]
+                return _jetson_bundle(model, info, quant, board, held, float_outs, cal, source, pipeline, work,
+                                      out, opts, say)
             model_file = work / "worker" / "model.tflite"
             with np.load(work / "worker" / "float_outputs.npz") as z:
                 float_outs = [z[f"out{k}"] for k in range(len(z.files))]
@@ -251,6 +257,32 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
         say("write bundle")
         bundle = write_bundle(out, manifest, files, report=report.model_dump())
     return CompileResult(bundle, report, warnings)
+
+
+def _jetson_bundle(model, info, quant, board, held, float_outs, cal, source, pipeline, work, out, opts, say):
+    from edgehft.compiler.jetson import jetson_stage
+    say("golden vectors and TensorRT placement from the ONNX model")
+    st = jetson_stage(work, info, quant, board, held, float_outs, opts.golden_count, opts.drift_threshold,
+                      info["input_names"][0], info["output_names"])
+    manifest = Manifest(board=board.name, backend=board.backend, model_file=st.model_file,
+                        source=SourceModel(file=model.name, sha256=_model_sha(model), flavour=info["flavour"],
+                                           lowering=info["lowering"]),
+                        quantization=Quantization(mode=quant, calibration_sha256=sha256_arrays(cal),
+                                                  calibration_windows=len(cal), calibration_source=source,
+                                                  drift_windows=len(held)),
+                        inputs=st.inputs, outputs=st.outputs, golden=st.golden)
+    manifest.toolchain = {**info["versions"], "edgehft": __version__, "python": platform.python_version(),
+                          "tensorrt_predicted_for": board.tensorrt["version"]}
+    manifest.accelerator = {"onnx": info["onnx"], "engine": "built on the board (not portable)"}
+    files = dict(st.files)
+    if pipeline is not None and pipeline.file is not None:
+        files[f"features/{pipeline.file.name}"] = pipeline.file
+        manifest.features = Features(file=f"features/{pipeline.file.name}", callable=pipeline.callable)
+    elif pipeline is not None:
+        manifest.features = Features(file="", callable=pipeline.spec)
+    say("write bundle")
+    bundle = write_bundle(out, manifest, files, report=st.report.model_dump())
+    return CompileResult(bundle, st.report, st.warnings)
 
 
 def _load_calib(calib, pipeline, keep_int: bool = False) -> tuple[np.ndarray, list[str]]:
