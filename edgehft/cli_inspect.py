@@ -200,3 +200,46 @@ def boards_cmd(probe, as_json):
             out.print(f"Edge TPU: {e.get('error') or 'runtime library not installed'}")
             if e.get("hint"):
                 out.print(f"  hint: {e['hint']}", highlight=False)
+
+
+@main.command("build-engine")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.option("--dla-core", type=click.IntRange(min=0), default=None,
+              help="Build for this DLA core (GPU fallback for what the DLA cannot run); default: GPU only.")
+@click.option("--no-gpu-fallback", is_flag=True, help="With --dla-core: fail instead of falling back to the GPU.")
+@click.option("--workspace-mib", type=click.IntRange(min=16), default=None,
+              help="TensorRT workspace limit (default: the board file's).")
+@json_opt
+@handles_errors
+def build_engine_cmd(bundle, dla_core, no_gpu_fallback, workspace_mib, as_json):
+    """On a Jetson: build BUNDLE's TensorRT engine with this box's TensorRT, cache it by TensorRT version,
+    L4T release, module, DLA core, precision and model hash, and print the real per-layer placement."""
+    from edgehft.boards import load_board
+    from edgehft.bundle import load_bundle
+    from edgehft.toolchains import tensorrt as T
+    b = load_bundle(bundle)
+    m = b.manifest
+    if m.backend != "jetson":
+        raise InputError(f"bundle {b.path} is for {m.board} ({m.backend}), not a Jetson board")
+    board = load_board(m.board)
+    data, layers, version = T.build_engine(b.model_path, m.quantization.mode, dla_core=dla_core,
+                                           gpu_fallback=not no_gpu_fallback,
+                                           workspace_mib=workspace_mib or int(board.tensorrt.get("workspace_mib", 1024)))
+    identity = T.board_identity()
+    key = T.cache_key(version, identity, dla_core, m.quantization.mode, m.files[m.model_file])
+    record = {"bundle": str(b.path), "board": m.board, "tensorrt": version, "identity": identity,
+              "dla_core": dla_core, "precision": m.quantization.mode, "model_sha256": m.files[m.model_file],
+              "layers": layers, "verdict": "confirmed", "source": f"TensorRT {version} engine inspector"}
+    path = T.save_engine(key, data, record)
+    counts = {d: sum(lay["device"] == d for lay in layers) for d in ("DLA", "GPU")}
+    if as_json:
+        click.echo(json.dumps({**record, "engine": str(path), "counts": counts}))
+        return
+    t = Table(title=f"{m.board}: engine {path.name} (TensorRT {version}), placement confirmed by the inspector",
+              title_justify="left")
+    for c in ("#", "layer", "type", "device"):
+        t.add_column(c)
+    for k, lay in enumerate(layers):
+        t.add_row(str(k), lay["name"], lay["type"], lay["device"])
+    out.print(t)
+    out.print(f"{counts['DLA']} layers on the DLA, {counts['GPU']} on the GPU; cached at {path}")
