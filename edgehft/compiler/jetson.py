@@ -1,6 +1,15 @@
-"""The Jetson stage of ``compile`` (layers 1-2): the lowered model as ONNX (float32, or float16 weights and
-activations with float32 I/O), checked against Keras with onnxruntime on the held-out windows, golden
-vectors from onnxruntime, and the predicted TensorRT parser / DLA / GPU placement per ONNX node.
+"""The Jetson stage of ``compile`` (layers 1-2): the lowered model as ONNX (float32, float16 weights and
+activations with float32 I/O, or int8 as explicit Q/DQ), checked against Keras with onnxruntime on the
+held-out windows, golden vectors from onnxruntime, and the predicted TensorRT parser / DLA / GPU placement
+per ONNX node.
+
+``--quant int8``: the worker converts the full-int8 TFLite model from the same calibration windows as the
+cpu/coral/pynq boards and exports the float ONNX of the same lowered model; :func:`edgehft.compiler.onnx_qdq.
+insert_qdq` puts Q/DQ pairs with the TFLite ranges into it (zero point 0, as TensorRT requires; see there),
+``model_int8_qdq.onnx``. It is checked against the int8 TFLite model's outputs on the held-out windows
+(LiteRT in this process, LSTM state reset before every window): max |diff| <= ``QDQ_VS_TFLITE_MAX_ABS`` and
+argmax agreement >= ``QDQ_VS_TFLITE_ARGMAX`` -- not bit-equal, onnxruntime computes Q/DQ in float, the
+LSTM stays float and the zero points differ -- and against Keras (drift). Golden atol: ``QDQ_GOLDEN_ATOL``.
 
 The engine itself is built on the board by its own TensorRT (engines are not portable); until then the
 report says "predicted". Golden vectors are compared with a tolerance (``allclose``): TensorRT's fp16
@@ -17,7 +26,6 @@ import numpy as np
 
 from edgehft.bundle import Golden, TensorSpec
 from edgehft.compiler.drift import measure_drift
-from edgehft.errors import InputError
 from edgehft.partition.tensorrt import tensorrt_report
 from edgehft.report import Report
 
@@ -33,17 +41,52 @@ class JetsonResult:
     warnings: list[str]
 
 
+# --quant int8: the Q/DQ ONNX against the int8 TFLite model (softmax probabilities for DeepLOB; measured
+# max |diff| 0.17, argmax agreement 0.99 on 500 windows), and the golden tolerance on the board.
+QDQ_VS_TFLITE_MAX_ABS = 0.25
+QDQ_VS_TFLITE_ARGMAX = 0.98
+QDQ_GOLDEN_ATOL = 0.05
+
+
 def worker_request(quant: str) -> dict:
-    """What the worker must add for a Jetson board."""
+    """What the worker must produce for a Jetson board: always the float ONNX of the lowered model; for
+    ``int8`` also the full-int8 TFLite model from the calibration windows (``quant``); otherwise the
+    TFLite conversion is float (it is not shipped)."""
     if quant == "int8":
-        raise InputError("--quant int8 for Jetson boards needs the ONNX Q/DQ export, which is not built yet",
-                         hint="use --quant fp16 (the default) or float")
-    return {"onnx": True, "onnx_fp16": quant == "fp16"}
+        return {"onnx": True, "onnx_fp16": False, "quant": "int8"}
+    return {"onnx": True, "onnx_fp16": quant == "fp16", "quant": "float"}
+
+
+def tflite_outputs(tflite_path: Path, windows: np.ndarray) -> list[np.ndarray]:
+    """Dequantized outputs of a TFLite model on float ``windows`` (N, ...) one window per invoke, with the
+    variable tensors (LSTM state) reset before each; inputs quantized with the input's scale/zero point."""
+    from edgehft.runtime.cpu import make_interpreter
+    interp = make_interpreter(str(tflite_path), threads=1)
+    (inp,) = interp.get_input_details()
+    outs = interp.get_output_details()
+    res = [np.empty((len(windows), *o["shape"][1:]), np.float32) for o in outs]
+    for n, x in enumerate(windows):
+        x = x[None].astype(np.float32)
+        if np.dtype(inp["dtype"]).kind in "iu":
+            s, z = inp["quantization"]
+            info = np.iinfo(inp["dtype"])
+            x = np.clip(np.rint(x / s) + z, info.min, info.max).astype(inp["dtype"])
+        interp.reset_all_variables()
+        interp.set_tensor(inp["index"], x)
+        interp.invoke()
+        for k, o in enumerate(outs):
+            y = interp.get_tensor(o["index"])
+            s, z = o["quantization"]
+            res[k][n] = (y.astype(np.float32) - z) * s if np.dtype(o["dtype"]).kind in "iu" else y[0]
+    return res
 
 
 def jetson_stage(work: Path, info: dict, quant: str, board, held: np.ndarray, float_outs, golden_count: int,
                  drift_threshold: float, in_name: str, out_names: list[str]) -> JetsonResult:
     """Bundle pieces for ``board`` from the worker's ONNX outputs in ``work / "worker"``."""
+    if quant == "int8":
+        return _int8_stage(work, info, board, held, float_outs, golden_count, drift_threshold, in_name,
+                           out_names)
     variant = "float16" if quant == "fp16" else "float32"
     entry = info["onnx"][variant]
     onnx_path = work / "worker" / entry["file"]
@@ -75,3 +118,58 @@ def jetson_stage(work: Path, info: dict, quant: str, board, held: np.ndarray, fl
     return JetsonResult(report, name, {name: onnx_path, "golden.npz": buf.getvalue()}, inputs, outputs, golden,
                         warnings)
 
+
+
+def _int8_stage(work: Path, info: dict, board, held, float_outs, golden_count, drift_threshold, in_name,
+                out_names) -> JetsonResult:
+    from edgehft.compiler.onnx_check import diff_figures, run_onnx, softmax_outputs
+    from edgehft.compiler.onnx_qdq import insert_qdq
+    src = work / "worker" / info["onnx"]["float32"]["file"]
+    tflite = work / "worker" / "model.tflite"
+    qdq_path = work / "model_int8_qdq.onnx"
+    fig = insert_qdq(src, tflite, qdq_path)
+    ys = run_onnx(qdq_path, held)
+    soft = softmax_outputs(qdq_path)
+    vs_tfl = diff_figures(ys, tflite_outputs(tflite, held), soft)
+    agree = vs_tfl["argmax_agreement"]
+    vs_tfl.update(tolerance={"max_abs_diff": QDQ_VS_TFLITE_MAX_ABS, "argmax_agreement": QDQ_VS_TFLITE_ARGMAX},
+                  passed=vs_tfl["max_abs_diff"] <= QDQ_VS_TFLITE_MAX_ABS
+                  and (agree is None or agree >= QDQ_VS_TFLITE_ARGMAX))
+    g = min(golden_count, len(held))
+    inputs = [TensorSpec(name=in_name, index=0, shape=[1, *held.shape[1:]], dtype="float32")]
+    outputs = [TensorSpec(name=n, index=k, shape=[1, *y.shape[1:]], dtype="float32")
+               for k, (n, y) in enumerate(zip(out_names, ys))]
+    golden = Golden(count=g, reference_path="onnxruntime CPU (int8 Q/DQ ONNX, Q/DQ computed in float)",
+                    compare="allclose", atol=QDQ_GOLDEN_ATOL)
+    buf = io.BytesIO()
+    arrays = {f"inputs/{in_name}": held[:g].astype(np.float32)}
+    arrays.update({f"outputs/{o.name}": y[:g].astype(np.float32) for o, y in zip(outputs, ys)})
+    np.savez(buf, **arrays)
+    report = tensorrt_report(str(qdq_path), board, "int8")
+    report.drift = measure_drift(float_outs, ys, out_names, soft, drift_threshold,
+                                 reference=f"Keras float model ({info['flavour']})",
+                                 candidate="int8 Q/DQ ONNX on onnxruntime")
+    summary = {k: fig[k] for k in ("qdq_pairs", "weights_per_channel", "weight_scales", "activations", "matched",
+                                   "unmatched", "unmatched_tensors", "zero_points", "placement")}
+    summary.update(file=qdq_path.name, vs_tflite_int8=vs_tfl)
+    info["onnx"]["int8_qdq"] = summary
+    report.accelerator["qdq"] = {**summary, "matched_tensors": fig["matched_tensors"]}
+    report.golden = {"count": g, "reference_path": golden.reference_path, "atol": QDQ_GOLDEN_ATOL,
+                     "qdq_vs_tflite_int8": {k: vs_tfl[k] for k in ("windows", "max_abs_diff", "argmax_agreement")}}
+    report.notes.append(
+        f"int8 as explicit Q/DQ: {fig['qdq_pairs']} activation Q/DQ pairs and {fig['weights_per_channel']} "
+        f"per-channel int8 weights; {fig['matched']} of {fig['activations']} ONNX activations matched to a "
+        f"TFLite tensor (unmatched: {', '.join(fig['unmatched_tensors']) or 'none'}). Zero points are 0 "
+        "(TensorRT takes symmetric int8 only): each TFLite range is kept, so one-sided tensors get up to 2x the "
+        "TFLite scale. The LSTM runs in float on TensorRT, Q/DQ only around it. Against the int8 TFLite model "
+        f"on {vs_tfl['windows']} windows: max |diff| {vs_tfl['max_abs_diff']:.3g}, argmax agreement "
+        f"{agree if agree is not None else 'n/a'} (tolerance {QDQ_VS_TFLITE_MAX_ABS}, "
+        f">= {QDQ_VS_TFLITE_ARGMAX}). Golden outputs come from onnxruntime; the board's engine is compared "
+        f"with atol {QDQ_GOLDEN_ATOL} (an assumption: nothing here ran on NVIDIA hardware).")
+    warnings = [] if report.drift.passed else ["drift over the gate for the int8 Q/DQ ONNX"]
+    if not vs_tfl["passed"]:
+        warnings.append(f"the int8 Q/DQ ONNX differs from the int8 TFLite model beyond the tolerance: max |diff| "
+                        f"{vs_tfl['max_abs_diff']:.3g}, argmax agreement {agree}")
+    name = "model_int8_qdq.onnx"
+    return JetsonResult(report, name, {name: qdq_path, "golden.npz": buf.getvalue()}, inputs, outputs, golden,
+                        warnings)

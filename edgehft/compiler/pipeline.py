@@ -157,7 +157,7 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                 req["io_dtype"] = coral.io_dtype(board)
             if board.backend == "jetson":
                 from edgehft.compiler import jetson
-                req.update(jetson.worker_request(quant), quant="float")
+                req.update(jetson.worker_request(quant))      # float ONNX (+ int8 TFLite for int8)
             info = run_worker(req, work / "worker", timeout_s=opts.timeout_s, on_stage=say)
             if board.backend == "jetson":
                 with np.load(work / "worker" / "float_outputs.npz") as z:

@@ -30,6 +30,7 @@ SHAPE_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Constant
 DLA_ACTIVATIONS = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip"}
 DLA_ELEMENTWISE = {"Add", "Sub", "Mul", "Max", "Min"}
 DLA_NEVER = {"LSTM", "GRU", "RNN"}          # recurrent layers: no DLA implementation in any version
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}   # fused by TensorRT into the int8 layer next to them
 
 
 @dataclass
@@ -126,7 +127,32 @@ def predict(onnx_path: str, board) -> list[NodeVerdict]:
             continue
         ok, code, why = _dla(node, attrs, shapes, str(board.tensorrt.get("dla_version", "")), trt)
         out.append(NodeVerdict(k, node.op_type, node.name, True, "dla" if ok else "gpu", code, why))
+    _fuse_qdq(m.graph, out)
     return out
+
+
+def _fuse_qdq(graph, verdicts: list[NodeVerdict]) -> None:
+    """A Q/DQ pair is no layer of its own: TensorRT folds it into the int8 layer that reads it (or, at a
+    graph output, the one that writes it). Give each Q/DQ node the placement of that layer."""
+    consumers: dict[str, list[int]] = {}
+    for k, node in enumerate(graph.node):
+        for i in node.input:
+            consumers.setdefault(i, []).append(k)
+    for v in verdicts:
+        if v.op not in QDQ_OPS or v.place == "unsupported":
+            continue
+        k, seen = v.index, set()
+        while graph.node[k].op_type in QDQ_OPS and k not in seen:
+            seen.add(k)
+            nxt = consumers.get(graph.node[k].output[0], [])
+            if not nxt:
+                break
+            k = nxt[0]
+        if graph.node[k].op_type in QDQ_OPS:          # ends at a graph output: take the writer's side
+            k = max(v.index - 1, 0)
+        target = verdicts[k]
+        v.place, v.code = target.place, "QDQ_FUSED"
+        v.reason = f"{v.op}: fused by TensorRT into #{target.index} {target.op} ({target.place.upper()})"
 
 
 def tensorrt_report(onnx_path: str, board, precision: str) -> Report:
@@ -156,7 +182,7 @@ def tensorrt_report(onnx_path: str, board, precision: str) -> Report:
     dla = int(board.tensorrt.get("dla_cores", 0))
     lines = [f"{len(verdicts)} ONNX nodes, precision {precision}: " + ", ".join(f"{n} {p}" for p, n in counts.items())
              + (f"; {board.name} has {dla} DLA core(s)" if dla else f"; {board.name} has no DLA: all on the GPU")]
-    gpu_ops = Counter(v.op for v in verdicts if v.place == "gpu" and v.op not in SHAPE_OPS)
+    gpu_ops = Counter(v.op for v in verdicts if v.place == "gpu" and v.op not in SHAPE_OPS | QDQ_OPS)
     if dla and gpu_ops:
         lines.append("GPU fallback: " + ", ".join(f"{n}x {op}" for op, n in gpu_ops.items())
                      + f" — each DLA<->GPU switch costs a reformat and a copy ({max(0, len(runs) - 1)} switches)")
