@@ -131,3 +131,34 @@ def test_deeplob_int8_qdq_vs_cpu_bundle_on_real_windows(deeplob_int8_jetson, dee
         ref = np.stack([np.array(r.predict(w), copy=True).reshape(-1) for w in x])
     assert len(x) >= 200 and np.abs(y - ref).max() <= QDQ_VS_TFLITE_MAX_ABS
     assert (y.argmax(1) == ref.argmax(1)).mean() >= QDQ_VS_TFLITE_ARGMAX
+
+
+@pytest.fixture(scope="module")
+def mlp_keras(tmp_path_factory):
+    import os
+    import subprocess
+    import sys
+    from conftest import ROOT
+    work = tmp_path_factory.mktemp("jetson_mlp")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
+    subprocess.run([sys.executable, str(ROOT / "examples" / "mlp" / "model.py"), str(work / "mlp.keras")],
+                   check=True, capture_output=True, env=env, timeout=300)
+    np.save(work / "x.npy", np.random.default_rng(0).standard_normal((400, 64)).astype(np.float32))
+    return work
+
+
+@pytest.mark.parametrize("quant", ["fp16", "int8"])
+def test_mlp_on_jetson(mlp_keras, quant):
+    out = mlp_keras / f"mlp.{quant}"
+    res = compile_model(mlp_keras / "mlp.keras", [mlp_keras / "x.npy"], out,
+                        CompileOptions(board="jetson-xavier-nx", quant=quant))
+    rep = res.report
+    dense = [o for o in rep.ops if o.op in ("Gemm", "MatMul")]
+    assert len(dense) == 5 and all(o.kernel == "GPU" and o.reason_code == "DLA_MATMUL" for o in dense)
+    assert all(o.kernel == "DLA" for o in rep.ops if o.op == "Relu")
+    assert rep.drift.passed
+    if quant == "int8":
+        qdq = rep.accelerator["qdq"]
+        assert qdq["weights_per_channel"] == 5
+        assert qdq["vs_tflite_int8"]["max_abs_diff"] <= 0.25
+        assert all(o.reason_code == "QDQ_FUSED" for o in rep.ops if o.op in ("QuantizeLinear", "DequantizeLinear"))
