@@ -48,18 +48,9 @@ threads_opt = click.option("--threads", default=1, show_default=True, type=click
 affinity_opt = click.option("--affinity", default=None,
                             help="Pin to these CPUs, e.g. '1' or '0,1' (os.sched_setaffinity).")
 emulate_opt = click.option("--emulate", is_flag=True,
-                           help="Accelerator boards: run the bundle's int8 graph on this CPU instead of the "
-                                "device (outputs checkable, timing not representative); says so in the output.")
-def _check_device(ctx, param, value):
-    if value is None:
-        return None
-    from edgehft.errors import InputError
-    from edgehft.runtime.edgetpu_lib import parse_device
-    try:
-        parse_device(value)
-    except InputError as exc:
-        raise click.BadParameter(exc.args[0]) from None
-    return value
+                           help="Accelerator boards: run on an emulation here (Coral: the int8 graph on LiteRT; "
+                                "PYNQ: pynq's drivers against the emulated board); outputs checkable, timing not "
+                                "the device's; the output says EMULATED.")
 
 
 device_opt = click.option("--device", default=None, callback=_check_device,
@@ -69,15 +60,40 @@ overlay_opt = click.option("--overlay", default=None, type=click.Path(dir_okay=F
                                 "file's [runtime] overlay_dir.")
 
 
-def _backend_options(emulate: bool, device: str | None, overlay: str | None = None) -> dict:
-    opts = {}
-    if overlay:
-        opts["overlay"] = overlay
-    if emulate:
-        opts["emulate"] = True
-    if device:
-        opts["device"] = device
-    return opts
+def edgetpu_flag_opts(fn):
+    """``-m``, ``-a``, ``-i`` as edgetpu_compiler takes them (compile and report)."""
+    for opt in reversed((
+            click.option("--min-runtime", "-m", "min_runtime", type=click.IntRange(min=10), default=None,
+                         help="Edge TPU boards: edgetpu_compiler -m (default: the board's runtime version)."),
+            click.option("--allow-multiple-subgraphs", "-a", "multi", is_flag=True, default=None,
+                         help="Edge TPU boards: edgetpu_compiler -a (more subgraphs, more host<->TPU copies)."),
+            click.option("--intermediate-tensors", "-i", "cut", default=None,
+                         help="Edge TPU boards: edgetpu_compiler -i t1,t2 (end the Edge TPU part at these "
+                              "tensors)."))):
+        fn = opt(fn)
+    return fn
+
+
+def edgetpu_flags(min_runtime, multi, cut):
+    """The :class:`~edgehft.compiler.coral.EdgeTPUFlags` of those options (None: the board's value)."""
+    from edgehft.compiler.coral import EdgeTPUFlags
+    return EdgeTPUFlags(min_runtime, multi or None, tuple(c for c in cut.split(",") if c) if cut else None)
+
+
+def runner_opts(fn):
+    """What ``run`` and ``bench`` need to open a bundle: board, threads, affinity, emulate, device, overlay."""
+    for opt in reversed((board_opt, threads_opt, affinity_opt, emulate_opt, device_opt, overlay_opt)):
+        fn = opt(fn)
+    return fn
+
+
+def _open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json):
+    """``runtime.open`` with the runner options; says EMULATED on stderr for people."""
+    from edgehft import runtime
+    opts = {k: v for k, v in (("overlay", overlay), ("emulate", emulate or None), ("device", device)) if v}
+    r = runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity), **opts)
+    _say_emulated(r, as_json)
+    return r
 
 
 ticks_opt = click.option("--ticks", "ticks", multiple=True, type=click.Path(exists=True, dir_okay=False),
@@ -135,12 +151,7 @@ def main() -> None:
 @click.option("--lowering", type=click.Choice(["auto", "native"]), default="auto", show_default=True,
               help="native: no tf-keras rebuild and no pre-conversion checks; the graph goes to the "
                    "converter as is (diagnosis only).")
-@click.option("--min-runtime", "-m", "min_runtime", type=click.IntRange(min=10), default=None,
-              help="Edge TPU boards: edgetpu_compiler -m (default: the board's runtime version).")
-@click.option("--allow-multiple-subgraphs", "-a", "multi", is_flag=True, default=None,
-              help="Edge TPU boards: edgetpu_compiler -a (more subgraphs, more host<->TPU copies).")
-@click.option("--intermediate-tensors", "-i", "cut", default=None,
-              help="Edge TPU boards: edgetpu_compiler -i t1,t2 (end the Edge TPU part at these tensors).")
+@edgetpu_flag_opts
 @click.option("--edgetpu-model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Edge TPU boards: MODEL's *_edgetpu.tflite, compiled on another machine; checked against "
                    "MODEL and put in the bundle (verdict confirmed).")
@@ -150,10 +161,9 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
                 drift_threshold, strict, timeout_s, lowering, min_runtime, multi, cut, edgetpu_model, as_json):
     """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
     partition it, and write a bundle."""
-    from edgehft.compiler.coral import EdgeTPUFlags
     from edgehft.compiler.pipeline import CompileOptions, compile_model
     from edgehft.report import print_report
-    edgetpu = EdgeTPUFlags(min_runtime, multi or None, tuple(c for c in cut.split(",") if c) if cut else None)
+    edgetpu = edgetpu_flags(min_runtime, multi, cut)
     opts = CompileOptions(board=board, quant=quant, features=features, calib_windows=calib_windows,
                           drift_windows=drift_windows, golden_count=golden_count,
                           drift_threshold=drift_threshold, strict=strict, timeout_s=timeout_s, lowering=lowering,
@@ -186,22 +196,14 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
 @click.option("--golden", is_flag=True, help="Run the bundle's golden vectors and compare (exit 8 on mismatch).")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=0),
               help="Predictions to print (0: all).")
-@board_opt
-@threads_opt
-@affinity_opt
-@emulate_opt
-@device_opt
-@overlay_opt
+@runner_opts
 @json_opt
 @handles_errors
 def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, emulate, device, overlay, as_json):
     """Print predictions for TICKS, or check the golden vectors with --golden."""
-    from edgehft import runtime
     if not ticks and not golden:
         raise click.UsageError("give --ticks FILE or --golden")
-    with runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity),
-                      **_backend_options(emulate, device, overlay)) as r:
-        _say_emulated(r, as_json)
+    with _open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
         if golden:
             result = check_golden(r)
             result.update(board=r.board, emulated=r.emulated)
@@ -286,25 +288,17 @@ def check_golden(runner) -> dict:
 @click.option("--burst-gap-us", default=1000.0, show_default=True, type=click.FloatRange(min=0),
               help="burst: idle time between bursts.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency histogram PNG.")
-@board_opt
-@threads_opt
-@affinity_opt
-@emulate_opt
-@device_opt
-@overlay_opt
+@runner_opts
 @json_opt
 @handles_errors
 def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, board, threads,
               affinity, emulate, device, overlay, as_json):
     """Replay real ticks through BUNDLE and print latency percentiles in µs."""
-    from edgehft import runtime
     from edgehft.bench.fingerprint import machine_fingerprint
     from edgehft.bench.replay import histogram_png, replay
     if not ticks:
         raise click.UsageError("give --ticks FILE")
-    with runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity),
-                      **_backend_options(emulate, device, overlay)) as r:
-        _say_emulated(r, as_json)
+    with _open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
         w = _bundle_windows(r.bundle, ticks)
         x = np.ascontiguousarray(w.x, dtype=np.float32)
         res = replay(r.predict, x, w.t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from edgehft.cli import handles_errors, json_opt, main, out
+from edgehft.cli import edgetpu_flag_opts, edgetpu_flags, handles_errors, json_opt, main, out
 from edgehft.errors import InputError
 
 
@@ -18,11 +18,7 @@ from edgehft.errors import InputError
 @click.option("--cpu-model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="For a compiled *_edgetpu.tflite: the CPU model it was compiled from "
                    "(default: the sibling file without _edgetpu, when it exists).")
-@click.option("--min-runtime", "-m", "min_runtime", type=click.IntRange(min=10), default=None,
-              help="Edge TPU: -m to model.")
-@click.option("--allow-multiple-subgraphs", "-a", "multi", is_flag=True, default=None,
-              help="Edge TPU: model -a.")
-@click.option("--intermediate-tensors", "-i", "cut", default=None, help="Edge TPU: model -i t1,t2.")
+@edgetpu_flag_opts
 @click.option("--tensors", "list_tensors", is_flag=True,
               help="For a .tflite: list its activation tensors (names for -i) with shape, dtype and producer.")
 @json_opt
@@ -70,13 +66,13 @@ def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, as
         _compiled_report(model, p, cpu_model, as_json)
         return
     from edgehft.boards import load_board
-    from edgehft.compiler.coral import EdgeTPUFlags, edgetpu_options
+    from edgehft.compiler.coral import edgetpu_options
     from edgehft.partition.edgetpu_report import edgetpu_report
     spec = load_board(board or "coral-usb")
     if spec.backend != "coral":
         raise InputError(f"a .tflite partition prediction is available for Coral boards, not {spec.name}",
                          hint="pass --board coral-usb (or coral-m2, coral-pcie, coral-devboard)")
-    flags = EdgeTPUFlags(min_runtime, multi, tuple(c for c in cut.split(",") if c) if cut else None)
+    flags = edgetpu_flags(min_runtime, multi, cut)
     rep = edgetpu_report(model, spec.name, edgetpu_options(spec, flags))
     if as_json:
         click.echo(json.dumps({"model": str(p), "report": rep.model_dump()}))
