@@ -53,6 +53,18 @@ emulate_opt = click.option("--emulate", is_flag=True,
                                 "the device's; the output says EMULATED.")
 
 
+def _check_device(ctx, param, value):
+    if value is None:
+        return None
+    from edgehft.errors import InputError
+    from edgehft.runtime.edgetpu_lib import parse_device
+    try:
+        parse_device(value)
+    except InputError as exc:
+        raise click.BadParameter(exc.args[0]) from None
+    return value
+
+
 device_opt = click.option("--device", default=None, callback=_check_device,
                           help="Accelerator device, e.g. usb, usb:1, pci:0 (Edge TPU).")
 overlay_opt = click.option("--overlay", default=None, type=click.Path(dir_okay=False),
