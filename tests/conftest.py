@@ -16,14 +16,28 @@ FEED_DAY1 = DEEPLOB / "data" / "btcusd_perp_20240808_depth.gz"
 FEED_DAY2 = DEEPLOB / "data" / "btcusd_perp_20240809_depth.gz"
 
 
+def run_maker(script: Path, out: Path, timeout: int = 600) -> Path:
+    """Run a model-building script (it imports TensorFlow) in a subprocess: ``python SCRIPT OUT``."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
+    subprocess.run([sys.executable, str(script), str(out)], check=True, env=env, capture_output=True,
+                   timeout=timeout)
+    return out
+
+
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> Path:
     """Directory of small Keras 3 and tf-keras models (see tests/make_models.py)."""
-    out = tmp_path_factory.mktemp("models")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
-    subprocess.run([sys.executable, str(ROOT / "tests" / "make_models.py"), str(out)], check=True,
-                   env=env, capture_output=True, timeout=600)
-    return out
+    return run_maker(ROOT / "tests" / "make_models.py", tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def mlp(tmp_path_factory) -> Path:
+    """The example MLP (examples/mlp/model.py, 64 -> 512 -> 256 -> 128 -> 64 -> 1) as ``mlp.keras`` and 400
+    random float32 windows ``x.npy`` (64,) in one directory."""
+    work = tmp_path_factory.mktemp("mlp")
+    run_maker(ROOT / "examples" / "mlp" / "model.py", work / "mlp.keras", timeout=300)
+    np.save(work / "x.npy", np.random.default_rng(0).standard_normal((400, 64)).astype(np.float32))
+    return work
 
 
 @pytest.fixture(scope="session")

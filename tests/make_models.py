@@ -1,6 +1,5 @@
 """Build the small models the tests compile, in both Keras flavours (run as a subprocess:
 ``python tests/make_models.py OUTDIR``). Shapes: input (20, 8) float32, output (3,) softmax."""
-import os
 import sys
 from pathlib import Path
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import DEEPLOB, FEED_DAY1, FEED_DAY2
+from conftest import DEEPLOB, FEED_DAY1
 from edgehft import runtime
 from edgehft.bundle import load_bundle
 from edgehft.cli import main

@@ -2,15 +2,12 @@
 
 Ground truth: ../shared/data/edgetpu_pairs (CPU model X.tflite + the compiler's X_edgetpu.tflite).
 """
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SHARED
+from conftest import ROOT, SHARED, run_maker
 from edgehft.errors import InputError
 from edgehft.ir import TFLiteModel
 from edgehft.partition import edgetpu_rules as R
@@ -111,11 +108,7 @@ def test_compiler_error_lines_are_parsed():
 
 @pytest.fixture(scope="session")
 def rule_models(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("edgetpu_models")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
-    subprocess.run([sys.executable, str(ROOT / "tests" / "make_edgetpu_models.py"), str(out)], check=True,
-                   env=env, capture_output=True, timeout=600)
-    return out
+    return run_maker(ROOT / "tests" / "make_edgetpu_models.py", tmp_path_factory.mktemp("edgetpu_models"))
 
 
 def _ops(path, **kw):

@@ -133,24 +133,10 @@ def test_deeplob_int8_qdq_vs_cpu_bundle_on_real_windows(deeplob_int8_jetson, dee
     assert (y.argmax(1) == ref.argmax(1)).mean() >= QDQ_VS_TFLITE_ARGMAX
 
 
-@pytest.fixture(scope="module")
-def mlp_keras(tmp_path_factory):
-    import os
-    import subprocess
-    import sys
-    from conftest import ROOT
-    work = tmp_path_factory.mktemp("jetson_mlp")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
-    subprocess.run([sys.executable, str(ROOT / "examples" / "mlp" / "model.py"), str(work / "mlp.keras")],
-                   check=True, capture_output=True, env=env, timeout=300)
-    np.save(work / "x.npy", np.random.default_rng(0).standard_normal((400, 64)).astype(np.float32))
-    return work
-
-
 @pytest.mark.parametrize("quant", ["fp16", "int8"])
-def test_mlp_on_jetson(mlp_keras, quant):
-    out = mlp_keras / f"mlp.{quant}"
-    res = compile_model(mlp_keras / "mlp.keras", [mlp_keras / "x.npy"], out,
+def test_mlp_on_jetson(mlp, tmp_path, quant):
+    out = tmp_path / f"mlp.{quant}"
+    res = compile_model(mlp / "mlp.keras", [mlp / "x.npy"], out,
                         CompileOptions(board="jetson-xavier-nx", quant=quant))
     rep = res.report
     dense = [o for o in rep.ops if o.op in ("Gemm", "MatMul")]

@@ -3,7 +3,6 @@ flavours, clear errors for layers that cannot be lowered, crash and hang isolati
 import numpy as np
 import pytest
 
-from edgehft.bundle import load_bundle
 from edgehft.compiler.pipeline import CompileOptions, compile_model
 from edgehft.errors import ConverterError, InputError, LoweringError
 from edgehft.ir import TFLiteModel
