@@ -248,12 +248,7 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
         if drift is None:
             report.notes.append("no drift figures: the model came quantized (.tflite), so there is no float "
                                 "reference to compare with")
-        if pipeline is not None:
-            if pipeline.file is not None:
-                files[f"features/{pipeline.file.name}"] = pipeline.file
-                manifest.features = Features(file=f"features/{pipeline.file.name}", callable=pipeline.callable)
-            else:
-                manifest.features = Features(file="", callable=pipeline.spec)
+        _attach_features(manifest, files, pipeline)
         say("write bundle")
         bundle = write_bundle(out, manifest, files, report=report.model_dump())
     return CompileResult(bundle, report, warnings)
@@ -275,14 +270,21 @@ def _jetson_bundle(model, info, quant, board, held, float_outs, cal, source, pip
                           "tensorrt_predicted_for": board.tensorrt["version"]}
     manifest.accelerator = {"onnx": info["onnx"], "engine": "built on the board (not portable)"}
     files = dict(st.files)
-    if pipeline is not None and pipeline.file is not None:
-        files[f"features/{pipeline.file.name}"] = pipeline.file
-        manifest.features = Features(file=f"features/{pipeline.file.name}", callable=pipeline.callable)
-    elif pipeline is not None:
-        manifest.features = Features(file="", callable=pipeline.spec)
+    _attach_features(manifest, files, pipeline)
     say("write bundle")
     bundle = write_bundle(out, manifest, files, report=st.report.model_dump())
     return CompileResult(bundle, st.report, st.warnings)
+
+
+def _attach_features(manifest: Manifest, files: dict, pipeline) -> None:
+    """The model's feature pipeline goes with the bundle: a copy of its file, or its module reference."""
+    if pipeline is None:
+        return
+    if pipeline.file is not None:
+        files[f"features/{pipeline.file.name}"] = pipeline.file
+        manifest.features = Features(file=f"features/{pipeline.file.name}", callable=pipeline.callable)
+    else:
+        manifest.features = Features(file="", callable=pipeline.spec)
 
 
 def _load_calib(calib, pipeline, keep_int: bool = False) -> tuple[np.ndarray, list[str]]:

@@ -86,7 +86,7 @@ class Runner(_Runner):
         self.interp = self._make_interpreter()
         # Stateless models keep the recurrent state of a fused LSTM in variable tensors that Invoke
         # updates in place: without a reset, window n would start from window n-1's final state.
-        self.stateful_tensors = _variable_tensors(self._loaded_model_file())
+        self.stateful_tensors = variable_tensors(self._loaded_model_file())
         ins, outs = self._io_specs()
         self._in_specs, self._out_specs = ins, outs
         self._zero_copy = self._views_are_stable(ins + outs)
@@ -154,7 +154,7 @@ class Runner(_Runner):
         self.interp = None
 
 
-def _variable_tensors(model_file) -> list[str]:
+def variable_tensors(model_file) -> list[str]:
     """Names of the model's variable tensors (e.g. an int8 LSTM's hidden and cell state), which the
     runner resets to their initial value (TFLite: zero point for int8, zero otherwise) before each call."""
     from edgehft.ir import TFLiteModel

@@ -21,7 +21,7 @@ import numpy as np
 
 from edgehft.errors import BoardUnavailableError, BundleError, InputError
 from edgehft.runtime.base import InputSlot, OutputSlot, Runner as _Runner
-from edgehft.runtime.cpu import load_interpreter_module
+from edgehft.runtime.cpu import variable_tensors, load_interpreter_module
 
 POLL_TIMEOUT_S = 5.0
 _DRIVERS: dict[str, type] = {}
@@ -190,7 +190,8 @@ class Runner(_Runner):
                 it.allocate_tensors()
                 ins = [d["index"] for d in it.get_input_details()]
                 outs = [d["index"] for d in it.get_output_details()]
-                self._steps.append(("cpu", st, (it, ins, outs)))
+                stateful = bool(variable_tensors(self.bundle.path / st["model"]))   # an LSTM left on the CPU
+                self._steps.append(("cpu", st, (it, ins, outs, stateful)))
                 continue
             ip = self.ips[st["kernel"]]
             w = np.fromfile(self.bundle.path / st["weights"], dtype=np.int8)
@@ -213,10 +214,11 @@ class Runner(_Runner):
         env = {t["name"]: buf for t, buf in zip(self.graph["inputs"], self._staging_in)}
         for kind, st, h in self._steps:
             if kind == "cpu":
-                it, ins, outs = h
+                it, ins, outs, stateful = h
                 for idx, t in zip(ins, st["inputs"]):
                     it.set_tensor(idx, env[t["name"]])
-                it.reset_all_variables()
+                if stateful:
+                    it.reset_all_variables()
                 it.invoke()
                 for idx, t in zip(outs, st["outputs"]):
                     env[t["name"]] = it.get_tensor(idx)
