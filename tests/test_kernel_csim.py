@@ -11,7 +11,6 @@ import time
 import numpy as np
 import pytest
 
-from edgehft.bundle import load_bundle
 from edgehft.errors import BoardUnavailableError
 from edgehft.ir.tflite_model import TFLiteModel
 from edgehft.kernels import blob as B
@@ -19,8 +18,8 @@ from edgehft.kernels import params as P
 from edgehft.kernels import reference as R
 from edgehft.kernels.csim import (CSimDenseKernel, CSimLstmKernel, KernelLibrary, KernelStatusError, kernel_sources,
                                   write_testbench_vectors)
-from test_kernel_reference import (FC_MODE, PATHS, capture, kernel_models, op_io, patch_scales,  # noqa: F401
-                                   stress_inputs)
+from test_kernel_reference import (FC_MODE, PATHS, capture, deeplob_inputs, kernel_models, op_io,  # noqa: F401
+                                   patch_scales, stress_inputs)
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++: the kernel library is C++ built here")
 
@@ -325,15 +324,7 @@ def test_kernel_models_on_fake_memory():
 
 @pytest.fixture(scope="module")
 def deeplob(deeplob_bundle, deeplob_windows):
-    bundle = load_bundle(deeplob_bundle)
-    model = TFLiteModel.from_file(bundle.model_path)
-    golden, spec = bundle.golden()[0]["lob"], bundle.manifest.inputs[0]
-    x = deeplob_windows["x"][np.linspace(0, len(deeplob_windows["x"]) - 1, 200).astype(int)]
-    v = x.astype(np.float32) / np.float32(spec.scale[0])
-    q = np.clip(np.sign(v) * np.floor(np.abs(v) + 0.5) + spec.zero_point[0], -128, 127).astype(np.int8)
-    inputs = np.concatenate([golden, q.reshape(len(q), *golden.shape[1:])])
-    (lstm,) = [op for op in model.main.ops if op.name == "UNIDIRECTIONAL_SEQUENCE_LSTM"]      # op 31
-    fc = [op for op in model.main.ops if op.name == "FULLY_CONNECTED"][-1]                    # op 33
+    bundle, model, inputs, lstm, fc = deeplob_inputs(deeplob_bundle, deeplob_windows)
     tensors = (lstm.inputs[0], lstm.outputs[0], fc.inputs[0], fc.outputs[0])
     return model, lstm, fc, {kind: capture(bundle.model_path, inputs, kind, tensors) for kind in PATHS}
 

@@ -67,8 +67,9 @@ def mismatching(out: np.ndarray, ref: np.ndarray) -> int:
 
 # ---- DeepLOB: 16 golden windows + 200 real windows from the shipped feed ----------------------------
 
-@pytest.fixture(scope="module")
-def deeplob(deeplob_bundle, deeplob_windows):
+def deeplob_inputs(deeplob_bundle, deeplob_windows):
+    """``(bundle, model, inputs, lstm op, last FC op)``: the 16 golden windows plus 200 real windows spread
+    over the feed, quantized with the input's scale (round half away from zero, as TFLite's QUANTIZE)."""
     bundle = load_bundle(deeplob_bundle)
     model = TFLiteModel.from_file(bundle.model_path)
     golden = bundle.golden()[0]["lob"]
@@ -79,6 +80,12 @@ def deeplob(deeplob_bundle, deeplob_windows):
     inputs = np.concatenate([golden, q.reshape(len(q), *golden.shape[1:])])
     (lstm,) = [op for op in model.main.ops if op.name == "UNIDIRECTIONAL_SEQUENCE_LSTM"]   # op 31
     fc = [op for op in model.main.ops if op.name == "FULLY_CONNECTED"][-1]                 # op 33
+    return bundle, model, inputs, lstm, fc
+
+
+@pytest.fixture(scope="module")
+def deeplob(deeplob_bundle, deeplob_windows):
+    bundle, model, inputs, lstm, fc = deeplob_inputs(deeplob_bundle, deeplob_windows)
     tensors = (lstm.inputs[0], lstm.outputs[0], lstm.inputs[18], lstm.inputs[19], fc.inputs[0], fc.outputs[0])
     caps = {kind: capture(bundle.model_path, inputs, kind, tensors) for kind in PATHS}
     return model, lstm, fc, caps
