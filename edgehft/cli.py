@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from edgehft import __version__
-from edgehft.errors import EdgeHFTError, GoldenMismatchError, InputError
+from edgehft.checks import bundle_windows, check_golden, golden_mismatch
+from edgehft.errors import EdgeHFTError
 
 out = Console()
 err = Console(stderr=True)
@@ -122,22 +123,6 @@ def _affinity(text: str | None) -> list[int] | None:
         raise click.BadParameter(f"--affinity {text!r}: expected CPU ids like '1' or '0,1'")
 
 
-def _bundle_windows(bundle, ticks):
-    from edgehft.windows import load_windows, parse_pipeline
-    pipeline = None
-    f = bundle.manifest.features
-    if f is not None:
-        pipeline = parse_pipeline(f"{bundle.path / f.file}:{f.callable}") if f.file else parse_pipeline(f.callable)
-    w = load_windows(list(ticks), pipeline)
-    want = tuple(bundle.manifest.inputs[0].shape[1:])
-    if tuple(w.x.shape[1:]) != want:
-        raise InputError(f"windows from {', '.join(w.source)} have shape {tuple(w.x.shape)}; the model takes "
-                         f"(N, {', '.join(map(str, want))})",
-                         hint="a tick file holds windows (N, *input_shape), or is a raw feed for the bundle's "
-                              "feature pipeline")
-    return w
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="edgehft")
 def main() -> None:
@@ -227,14 +212,9 @@ def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, emulate, dev
                           f"({result['compare']}) on {result['path']}"
                           + (" [green]OK[/]" if result["ok"] else " [red]MISMATCH[/]"))
             if not result["ok"]:
-                raise GoldenMismatchError(f"{result['count'] - result['matched']} of {result['count']} golden "
-                                          f"vectors differ (max diff {result['max_diff']})",
-                                          hint=("the overlay's kernels or the bundle's FPGA weights do not "
-                                                "reproduce the golden path " if r.describe().get("backend") == "pynq"
-                                                else "the interpreter path differs from the one that made the "
-                                                     "bundle: ") + result["expected_path"])
+                raise golden_mismatch(result, r.describe().get("backend", ""))
             return
-        w = _bundle_windows(r.bundle, ticks)
+        w = bundle_windows(r.bundle, ticks)
         n = len(w) if limit == 0 else min(limit, len(w))
         names = [o.name for o in r.bundle.manifest.outputs]
         rows = []
@@ -264,26 +244,6 @@ def _say_emulated(runner, as_json: bool) -> None:
         err.print(f"[bold magenta]EMULATED[/] {runner.board}: {note}", highlight=False)
 
 
-def check_golden(runner) -> dict:
-    """Run the bundle's golden inputs through ``runner``; compare as the manifest says."""
-    g = runner.bundle.manifest.golden
-    ins, outs = runner.bundle.golden()
-    in_names = [s.name for s in runner.bundle.manifest.inputs]
-    out_names = [s.name for s in runner.bundle.manifest.outputs]
-    matched, worst = 0, 0.0
-    for n in range(g.count):
-        res = runner.predict_raw(*(ins[k][n:n + 1] for k in in_names))
-        res = res if isinstance(res, tuple) else (res,)
-        diffs = [float(np.abs(r.astype(np.float64) - outs[k][n:n + 1].astype(np.float64)).max())
-                 for r, k in zip(res, out_names)]
-        d = max(diffs)
-        worst = max(worst, d)
-        matched += int(d == 0.0 if g.compare == "exact" else d <= g.atol)
-    path = runner.describe().get("interpreter", runner.board)
-    return {"count": g.count, "matched": matched, "ok": matched == g.count, "compare": g.compare,
-            "max_diff": worst, "path": path, "expected_path": g.reference_path}
-
-
 @main.command("bench")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @ticks_opt
@@ -311,7 +271,7 @@ def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap
     if not ticks:
         raise click.UsageError("give --ticks FILE")
     with _open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
-        w = _bundle_windows(r.bundle, ticks)
+        w = bundle_windows(r.bundle, ticks)
         x = np.ascontiguousarray(w.x, dtype=np.float32)
         res = replay(r.predict, x, w.t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,
                      burst_size=burst_size, burst_gap_us=burst_gap_us)
