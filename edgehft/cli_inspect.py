@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from edgehft.cli import edgetpu_flag_opts, edgetpu_flags, handles_errors, json_opt, main, out
@@ -21,12 +22,17 @@ from edgehft.errors import InputError
 @edgetpu_flag_opts
 @click.option("--tensors", "list_tensors", is_flag=True,
               help="For a .tflite: list its activation tensors (names for -i) with shape, dtype and producer.")
+@click.option("--engine-record", "engine_records", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="For a Jetson bundle: a placement record (<key>.json) that build-engine wrote on the board, "
+                   "copied here (default: the records in this machine's engine cache for the bundle's model).")
 @json_opt
 @handles_errors
-def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, as_json):
+def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, engine_records, as_json):
     """Show the op placement report of PATH: a bundle directory, a quantized .tflite (predicted
     partition for --board), a compiled *_edgetpu.tflite (what is inside the edgetpu-custom-op), or an
-    .onnx model (predicted TensorRT parser support and DLA/GPU placement for a Jetson --board)."""
+    .onnx model (predicted TensorRT parser support and DLA/GPU placement for a Jetson --board). For a Jetson
+    bundle on which build-engine ran, each ONNX node shows the engine inspector's confirmed device next to
+    the prediction, with the disagreements."""
     from edgehft.report import Report, print_report
     p = Path(path)
     model_flags = [f for f, v in (("--board", board), ("--cpu-model", cpu_model), ("-m", min_runtime),
@@ -34,10 +40,17 @@ def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, as
     if p.is_dir() and model_flags:
         raise click.UsageError(f"{', '.join(model_flags)} apply to a .tflite file; a bundle's report was fixed "
                                "when it was compiled (compile it again with other flags)")
+    if engine_records and not p.is_dir():
+        raise click.UsageError("--engine-record applies to a Jetson bundle directory")
     if p.is_dir():
         from edgehft.bundle import load_bundle
         b = load_bundle(p)
         rep = Report(**b.report())
+        if b.manifest.backend == "jetson":     # the engine inspector's placement, once build-engine ran
+            from edgehft.partition.tensorrt_confirmed import confirmed_report
+            rep = confirmed_report(b, rep, engine_records)
+        elif engine_records:
+            raise click.UsageError(f"--engine-record applies to a Jetson bundle; {b.path} is for {b.manifest.board}")
         if as_json:
             click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
             return
@@ -209,9 +222,12 @@ def boards_cmd(probe, as_json):
 @handles_errors
 def build_engine_cmd(bundle, dla_core, no_gpu_fallback, workspace_mib, as_json):
     """On a Jetson: build BUNDLE's TensorRT engine with this box's TensorRT, cache it by TensorRT version,
-    L4T release, module, DLA core, precision and model hash, and print the real per-layer placement."""
+    L4T release, module, DLA core, precision and model hash, and print the real per-layer placement. The
+    placement record is cached next to the engine (<key>.json, keyed like it and carrying the model hash);
+    `edgehft report BUNDLE` lays it next to the prediction. The bundle is not written: it still verifies."""
     from edgehft.boards import load_board
     from edgehft.bundle import load_bundle
+    from edgehft.partition.tensorrt_confirmed import record_for
     from edgehft.toolchains import tensorrt as T
     b = load_bundle(bundle)
     m = b.manifest
@@ -223,19 +239,22 @@ def build_engine_cmd(bundle, dla_core, no_gpu_fallback, workspace_mib, as_json):
                                            workspace_mib=workspace_mib or int(board.tensorrt.get("workspace_mib", 1024)))
     identity = T.board_identity()
     key = T.cache_key(version, identity, dla_core, m.quantization.mode, m.files[m.model_file])
-    record = {"bundle": str(b.path), "board": m.board, "tensorrt": version, "identity": identity,
-              "dla_core": dla_core, "precision": m.quantization.mode, "model_sha256": m.files[m.model_file],
-              "layers": layers, "verdict": "confirmed", "source": f"TensorRT {version} engine inspector"}
-    path = T.save_engine(key, data, record)
-    counts = {d: sum(lay["device"] == d for lay in layers) for d in ("DLA", "GPU")}
+    record = record_for(key=key, board=m.board, bundle=str(b.path), version=version, identity=identity,
+                        dla_core=dla_core, precision=m.quantization.mode, model_sha256=m.files[m.model_file],
+                        layers=layers, engine=str(T.cache_dir() / f"{key}.engine"))
+    path = T.save_engine(key, data, record)          # <key>.engine and the placement record <key>.json
+    counts = {d: sum(lay["device"] == d for lay in layers if not lay.get("glue")) for d in ("DLA", "GPU")}
     if as_json:
-        click.echo(json.dumps({**record, "engine": str(path), "counts": counts}))
+        click.echo(json.dumps({**record, "engine": str(path), "record": str(path.with_suffix(".json")),
+                               "counts": counts}))
         return
     t = Table(title=f"{m.board}: engine {path.name} (TensorRT {version}), placement confirmed by the inspector",
               title_justify="left")
     for c in ("#", "layer", "type", "device"):
         t.add_column(c)
     for k, lay in enumerate(layers):
-        t.add_row(str(k), lay["name"], lay["type"], lay["device"])
+        t.add_row(str(k), escape(lay["name"]), escape(lay["type"]), lay["device"] + (" (copy)" if lay.get("glue") else ""))
     out.print(t)
     out.print(f"{counts['DLA']} layers on the DLA, {counts['GPU']} on the GPU; cached at {path}")
+    out.print(f"placement record {path.with_suffix('.json')}: `edgehft report {bundle}` shows it per ONNX node "
+              "next to the prediction", highlight=False)

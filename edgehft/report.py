@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -26,6 +27,13 @@ class OpPlacement(BaseModel):
     dtype: str | None = None          # dtype of the op's first output
     status: str | None = None         # the vendor tool's own status string (e.g. edgetpu_compiler's log)
     subgraph: int | None = None       # which accelerator subgraph (custom op / engine / overlay call)
+    # Jetson: ``kernel`` is the predicted device (DLA / GPU); once an engine was built on the board,
+    # ``confirmed`` is the device the engine inspector reports (DLA, GPU, or DLA+GPU when layers on both run
+    # the node), ``confirmed_by`` the engine layer(s) naming the node, and ``verdict`` says per op whether
+    # the row is "confirmed" or still "predicted" (no engine yet, or no engine layer names the node).
+    confirmed: str | None = None
+    confirmed_by: str | None = None
+    verdict: Literal["predicted", "confirmed"] | None = None
 
 
 class Segment(BaseModel):
@@ -84,6 +92,8 @@ def segments_of(ops: list[OpPlacement]) -> list[Segment]:
 def ops_table(report: Report) -> Table:
     t = Table(title=f"{report.board}: {len(report.ops)} ops, placement {report.verdict} "
                     f"({report.verdict_source})", title_justify="left")
+    if report.accelerator.get("vendor") == "nvidia-tensorrt":
+        return _tensorrt_table(report, t)
     vendor = any(op.status for op in report.ops)
     if vendor:
         return _vendor_table(report, t)
@@ -125,6 +135,26 @@ def _vendor_table(report: Report, t: Table) -> Table:
     return t
 
 
+def _tensorrt_table(report: Report, t: Table) -> Table:
+    """Jetson reports: per ONNX node the predicted device, the engine inspector's (once an engine was built),
+    and whether the row is confirmed; a disagreement shows the predicted reason next to the engine layer."""
+    for col, kw in (("#", {"justify": "right"}), ("ONNX node", {"overflow": "fold", "ratio": 2}), ("predicted", {}),
+                    ("confirmed", {}), ("status", {}), ("engine layer / why", {"ratio": 3, "overflow": "fold"})):
+        t.add_column(col, **kw)
+    for op in report.ops:
+        predicted = op.kernel or "unsupported"
+        if op.verdict == "confirmed":
+            differs = op.confirmed != predicted
+            seen = f"[yellow]{op.confirmed}[/]" if differs else op.confirmed
+            why = escape(op.confirmed_by or "") + (f"\n[dim]predicted: {escape(op.reason)}[/]" if differs else "")
+            status = "[yellow]confirmed, differs[/]" if differs else "[green]confirmed[/]"
+        else:
+            seen, status, why = "—", "predicted", escape(op.reason)
+        name = op.op + (f"\n[dim]{escape(op.layer)}[/]" if op.layer else "")
+        t.add_row(str(op.index), name, predicted, seen, status, why)
+    return t
+
+
 def drift_table(drift: Drift) -> Table:
     verdict = "[green]pass[/]" if drift.passed else "[red]FAIL[/]"
     t = Table(title=f"drift: {drift.candidate} vs {drift.reference}, {drift.windows} held-out windows, "
@@ -134,6 +164,21 @@ def drift_table(drift: Drift) -> Table:
     for o in drift.outputs:
         t.add_row(o.name, f"{o.mae:.3g}", f"{o.mae_rel:.3%}", f"{o.max_abs:.3g}", f"{o.float_range:.3g}",
                   "" if o.argmax_agreement is None else f"{o.argmax_agreement:.2%}")
+    return t
+
+
+def plan_table(plan: dict) -> Table:
+    """The cpu board's measured execution plans (``--quant auto``)."""
+    on = plan.get("measured_on", {})
+    t = Table(title=f"plan: {plan['chosen']} ({plan['why']}); measured interleaved on CPU {on.get('pinned_cpu')} "
+                    f"of {on.get('cpu_model', '?')}, 1 thread", title_justify="left")
+    for col in ("plan", "p50 µs", "p99 µs", "p99/p50", "drift rel. MAE", "argmax agree", "chosen"):
+        t.add_column(col, justify="left" if col == "plan" else "right")
+    for m in plan["measured"]:
+        d, a = m.get("drift_rel_mae"), m.get("argmax_agreement")
+        t.add_row(m["plan"], f"{m['p50_us']:.1f}", f"{m['p99_us']:.1f}", f"{m['p99_over_p50']:.2f}",
+                  "" if d is None else f"{d:.3%}" + ("" if m.get("drift_passed") else " [red]over[/]"),
+                  "" if a is None else f"{a:.2%}", "[green]yes[/]" if m["chosen"] else "")
     return t
 
 
@@ -148,6 +193,8 @@ def print_report(report: Report, console: Console | None = None) -> None:
                       f"{report.verdict_source} says {d['actual']}")
     for line in report.summary:
         console.print(f"[bold]•[/] {line}", highlight=False)
+    if report.plan:
+        console.print(plan_table(report.plan))
     if report.drift:
         console.print(drift_table(report.drift))
     g = report.golden
@@ -155,5 +202,7 @@ def print_report(report: Report, console: Console | None = None) -> None:
         console.print(f"golden outputs ({g['reference_path']}) vs LiteRT reference kernels: max diff "
                       f"{g['max_diff_vs_reference_kernels']:g} (raw output units) on "
                       f"{g['windows_differing_from_reference_kernels']} of {g['count']} windows")
+    if report.plan:
+        console.print(f"reference plan: {report.plan['reference']}")
     for n in report.notes:
         console.print(f"note: {n}")

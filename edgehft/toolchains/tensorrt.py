@@ -89,7 +89,9 @@ def cache_dir() -> Path:
 def build_engine(onnx_path: Path, precision: str, *, dla_core: int | None = None, gpu_fallback: bool = True,
                  workspace_mib: int = 1024) -> tuple[bytes, list[dict], str]:
     """Build a serialized engine with the installed TensorRT. Returns ``(engine bytes, per-layer placement
-    from the inspector, TensorRT version)``.
+    from the inspector, TensorRT version)``; the placement is
+    :func:`edgehft.partition.tensorrt_confirmed.inspector_layers` of the inspector's JSON
+    (``name``, ``type``, ``device`` DLA/GPU, ``onnx`` node names from the layer metadata, ``glue``).
 
     ``precision``: ``fp16`` / ``float`` (``fp16`` sets the FP16 flag on TensorRT < 11; a float16 ONNX is
     built as is on 11+), ``int8`` (explicit Q/DQ: a strongly typed network).
@@ -124,10 +126,9 @@ def build_engine(onnx_path: Path, precision: str, *, dla_core: int | None = None
                              hint="see the TensorRT log above; try without --dla-core or with more --workspace-mib")
     data = bytes(plan)
     engine = trt.Runtime(logger).deserialize_cuda_engine(data)
-    info = json.loads(engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON))
-    layers = [{"name": lay.get("Name", ""), "type": lay.get("LayerType", ""),
-               "device": "DLA" if "dla" in json.dumps(lay).lower() else "GPU"}
-              for lay in info.get("Layers", []) if isinstance(lay, dict)]
+    from edgehft.partition.tensorrt_confirmed import inspector_layers
+    info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
+    layers = inspector_layers(info, dla_core)
     return data, layers, trt.__version__
 
 
