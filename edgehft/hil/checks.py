@@ -1,0 +1,276 @@
+"""The hardware-in-the-loop checks, run ON the target with an opened runner (``edgehft.runtime.open``).
+
+Every check is ``(runner, plain options) -> dict`` and the dict holds only JSON types (str, int, float,
+bool, None, lists, dicts), so the same functions run in this process (local target) or on a box whose
+agent sends the dict back (remote target). No pytest, no TensorFlow: this runs on the board.
+
+- :func:`golden`: the bundle's golden vectors, compared as the manifest says (bit-exact for int8).
+- :func:`latency`: p99 / p99.9 of ``predict`` (µs) at real tick inter-arrival times against the board's
+  ``[latency_budget_us]``.
+- :func:`soak`: minutes of replay; p50/p99 and resident memory per interval, p99 drift and memory growth.
+
+Where the replayed windows and their timing come from (:func:`replay_source`), in this order:
+1. the tick files given (``.npz`` with ``t_ns``, or raw feeds through the bundle's feature pipeline:
+   recorded inter-arrival times; ``.npy`` windows have no times and are replayed back to back);
+2. the bundle's calibration feed (``manifest.quantization.calibration_source``) when those files are
+   still where compile read them and yield timestamps: real inter-arrival times of the team's own feed;
+3. the bundle's golden inputs, back to back. Those carry no tick times, so the result says the timing
+   is not the feed's.
+Each result's ``source`` says which one ran.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgehft import checks as _checks
+from edgehft.bench.replay import _spin_until, replay, summarize_us
+from edgehft.errors import EdgeHFTError, InputError
+
+SAMPLES = 2000          # timed calls for the latency check
+WARMUP = 100            # untimed calls before timing starts
+SOAK_INTERVALS = 10
+SOAK_MAX_P99_DRIFT = 0.5         # last interval's p99 at most 50 % above the first's
+SOAK_MAX_RSS_GROWTH_MB = 16.0    # resident memory, last interval vs first, MiB
+_SOAK_CAP = 1 << 20              # latencies kept per interval (8 MiB, touched before the first reading)
+SOAK_WINDOWS = 4096              # windows the soak keeps and cycles (DeepLOB: 64 MiB of float32)
+
+
+def _runner_info(runner) -> dict:
+    return {"board": runner.board, "emulated": bool(runner.emulated), "bundle": str(runner.bundle.path),
+            "model_sha256": runner.bundle.manifest.source.sha256}
+
+
+def golden(runner) -> dict:
+    """The bundle's golden vectors on ``runner`` (see :func:`edgehft.checks.check_golden`).
+
+    Returns:
+        ``{"check": "golden", "ok", "count", "matched", "compare", "max_diff", "atol", "path",
+        "expected_path", "board", "emulated", "bundle", "model_sha256"}``; ``max_diff`` in the outputs'
+        raw units (LSB for int8).
+    Raises:
+        BundleError: the bundle has no golden vectors.
+    """
+    res = _checks.check_golden(runner)
+    return {"check": "golden", **res, "atol": runner.bundle.manifest.golden.atol, **_runner_info(runner)}
+
+
+def _first(w, limit: int | None):
+    """The first ``limit`` windows and times, copied, so the rest of a long feed is freed (a board has
+    0.5-8 GB; a day of DeepLOB windows is gigabytes)."""
+    if limit is None or len(w) <= limit:
+        return np.ascontiguousarray(w.x, np.float32), w.t_ns
+    return (np.array(w.x[:limit], np.float32), None if w.t_ns is None else np.array(w.t_ns[:limit]))
+
+
+def replay_source(runner, ticks: list[str] | None = None,
+                  limit: int | None = None) -> tuple[np.ndarray | list, np.ndarray | None, dict]:
+    """Windows to replay and their tick times, in the order given in the module docstring; from tick
+    files, at most the first ``limit`` windows are kept.
+
+    Returns:
+        ``(x, t_ns, source)``: ``x`` (N, *input_shape[1:]) float32 windows (or the golden inputs in their
+        raw dtype; a list of arrays for multi-input models), ``t_ns`` (N,) int64 receive times or None,
+        ``source`` a JSON dict: ``kind`` (``ticks`` | ``calibration-feed`` | ``golden``), ``files``,
+        ``windows`` (N), ``windows_total`` (before the limit), ``timing`` (``recorded`` | ``back-to-back``), ``note``.
+    Raises:
+        InputError: unreadable tick files or windows of the wrong shape (only for ``ticks`` given).
+    """
+    bundle = runner.bundle
+    if ticks:
+        w = _checks.bundle_windows(bundle, [str(t) for t in ticks])
+        timed = w.t_ns is not None
+        x, t_ns = _first(w, limit)
+        return (x, t_ns,
+                {"kind": "ticks", "files": list(w.source), "windows": len(x), "windows_total": len(w), "timing":
+                 "recorded" if timed else "back-to-back",
+                 "note": "" if timed else "the tick files carry no timestamps (an .npz with t_ns, or a raw "
+                                          "feed through the feature pipeline, does)"})
+    cal = [Path(p) for p in bundle.manifest.quantization.calibration_source]
+    if cal and all(p.is_file() for p in cal):
+        try:
+            w = _checks.bundle_windows(bundle, [str(p) for p in cal])
+        except EdgeHFTError:
+            w = None
+        if w is not None and w.t_ns is not None:
+            x, t_ns = _first(w, limit)
+            return (x, t_ns,
+                    {"kind": "calibration-feed", "files": [str(p) for p in cal], "windows": len(x), "windows_total": len(w),
+                     "timing": "recorded",
+                     "note": "the feed the bundle was calibrated on (manifest quantization.calibration_source); "
+                             "pass tick files to replay another"})
+    ins, _ = bundle.golden()
+    names = [s.name for s in bundle.manifest.inputs]
+    x = ins[names[0]] if len(names) == 1 else [ins[k] for k in names]
+    n = len(ins[names[0]])
+    return (x, None, {"kind": "golden", "files": [], "windows": n, "windows_total": n, "timing": "back-to-back",
+                      "note": f"no tick file with timestamps: the bundle's {n} golden inputs back to back, which is "
+                              "not the feed's timing; pass tick files (a raw feed or an .npz with t_ns)"})
+
+
+def _predict_fn(runner, x):
+    """``(predict, windows)`` for :func:`replay`: one array of windows, or indices for multi-input models."""
+    if isinstance(x, list):
+        arrays = x
+        return (lambda i: runner.predict(*(a[int(i)] for a in arrays))), np.arange(len(arrays[0]))
+    return runner.predict, x
+
+
+def _budget(runner, budget_p99, budget_p999) -> tuple[dict, str]:
+    board = dict(runner.board_spec.latency_budget_us)
+    given = {k: float(v) for k, v in (("p99", budget_p99), ("p999", budget_p999)) if v is not None}
+    where = f"boards/{runner.board}.toml [latency_budget_us]"
+    if given:
+        where = "options" if len(given) == 2 or not board else f"options, else {where}"
+    return {**{k: float(v) for k, v in board.items() if k in ("p99", "p999")}, **given}, where
+
+
+def latency(runner, ticks: list[str] | None = None, samples: int = SAMPLES, warmup: int = WARMUP,
+            speed: float = 1.0, budget_p99: float | None = None, budget_p999: float | None = None) -> dict:
+    """Time ``runner.predict`` on replayed windows and hold p99 and p99.9 (µs) to the latency budget.
+
+    Windows come from :func:`replay_source`; with tick times the calls start at the recorded
+    inter-arrival times (divided by ``speed``), otherwise back to back. The budget is the board file's
+    ``[latency_budget_us]`` (``p99``, ``p999``), each replaced by ``budget_p99`` / ``budget_p999`` when
+    given. On an emulated board the board file's budget is not applied (the timing is the emulation's,
+    not the device's): ``ok`` is None unless a budget is given explicitly.
+
+    Returns:
+        ``{"check": "latency", "ok" (bool, or None = not judged), "samples", "warmup", "mode", "speed",
+        "latency_us": {p50, p90, p99, p99.9, max, mean, std}, "start_delay_us" (recorded mode: how late
+        calls started, same keys) , "budget_us": {p99, p999}, "budget_from", "verdicts": {p99|p999:
+        {"value_us", "budget_us", "ok"}}, "not_judged" (why ok is None), "source", board fields}``.
+    Raises:
+        InputError: ``samples`` < 1, ``speed`` <= 0, unreadable ticks.
+    """
+    if samples < 1 or warmup < 0 or not speed > 0:
+        raise InputError(f"latency check: samples {samples}, warmup {warmup}, speed {speed}",
+                         hint="samples >= 1, warmup >= 0, speed > 0")
+    x, t_ns, source = replay_source(runner, ticks, limit=warmup + samples)
+    predict, windows = _predict_fn(runner, x)
+    mode = "recorded" if t_ns is not None else "max"
+    res = replay(predict, windows, t_ns, mode=mode, warmup=warmup, samples=samples, speed=speed)
+    lat = summarize_us(res.latency_ns)
+    budget, budget_from = _budget(runner, budget_p99, budget_p999)
+    explicit = budget_p99 is not None or budget_p999 is not None
+    verdicts, not_judged = {}, None
+    if runner.emulated and not explicit:
+        not_judged = "EMULATED: the timing is the emulation's, not the device's; the board budget does not apply"
+    elif not budget:
+        not_judged = f"boards/{runner.board}.toml has no [latency_budget_us]; give a budget (p99, p99.9 in µs)"
+    else:
+        for key, pct in (("p99", "p99"), ("p999", "p99.9")):
+            if key in budget:
+                verdicts[key] = {"value_us": lat[pct], "budget_us": budget[key], "ok": lat[pct] <= budget[key]}
+    return {"check": "latency", "ok": None if not_judged else all(v["ok"] for v in verdicts.values()),
+            "samples": int(len(res.latency_ns)), "warmup": warmup, "mode": mode,
+            "speed": speed if mode == "recorded" else None, "latency_us": lat,
+            "start_delay_us": summarize_us(res.start_delay_ns) if res.start_delay_ns is not None else None,
+            "budget_us": budget, "budget_from": budget_from, "verdicts": verdicts, "not_judged": not_judged,
+            "source": source, **_runner_info(runner)}
+
+
+def rss_bytes() -> tuple[int, str]:
+    """This process's resident memory in bytes, and how it was read: ``statm`` (current, Linux
+    ``/proc/self/statm``) or ``maxrss`` (the peak, ``resource.getrusage``, where there is no /proc)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"), "statm"
+    except (OSError, ValueError, IndexError):
+        import resource
+        import sys
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024), "maxrss"
+
+
+def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int = SOAK_INTERVALS,
+         warmup: int = WARMUP, speed: float = 1.0, max_p99_drift: float = SOAK_MAX_P99_DRIFT,
+         max_rss_growth_mb: float = SOAK_MAX_RSS_GROWTH_MB) -> dict:
+    """Replay windows for ``minutes`` (recorded inter-arrival times when the source has them, else back to
+    back; the first :data:`SOAK_WINDOWS` windows, cycled) and record, per interval of ``minutes / intervals``: calls, p50/p99 of ``predict`` (µs)
+    and resident memory at the interval's end (after a ``gc.collect()``; the garbage collector is off
+    inside intervals, as in the latency replay).
+
+    Pass when ``p99_drift`` = p99(last interval) / p99(first) - 1 <= ``max_p99_drift`` and
+    ``rss_growth_bytes`` = RSS(last) - RSS(first) <= ``max_rss_growth_mb`` MiB.
+
+    Returns:
+        ``{"check": "soak", "ok", "minutes", "seconds" (measured), "calls", "intervals": [{"index",
+        "calls", "p50_us", "p99_us", "rss_bytes"}], "p99_drift" (fraction, or None), "rss_growth_bytes",
+        "rss_kind", "max_p99_drift", "max_rss_growth_mb", "failures": [text], "source", board fields}``.
+    Raises:
+        InputError: ``minutes`` <= 0, ``intervals`` < 2, ``speed`` <= 0, unreadable ticks.
+    """
+    if not minutes > 0 or intervals < 2 or not speed > 0 or warmup < 0:
+        raise InputError(f"soak: minutes {minutes}, intervals {intervals}, speed {speed}, warmup {warmup}",
+                         hint="minutes > 0, intervals >= 2, speed > 0, warmup >= 0")
+    x, t_ns, source = replay_source(runner, ticks, limit=SOAK_WINDOWS)
+    predict, windows = _predict_fn(runner, x)
+    n = len(windows)
+    gaps = None
+    if t_ns is not None:
+        gaps = (np.clip(np.diff(np.asarray(t_ns, np.int64), prepend=int(t_ns[0])), 0, None) / speed).astype(np.int64)
+        gaps[0] = 0
+    lat = np.ones(_SOAK_CAP, np.int64)       # touched now, so its pages count before the first reading
+    for i in range(warmup):
+        predict(windows[i % n])
+    perf = time.perf_counter_ns
+    span = int(minutes * 60e9 / intervals)
+    rows, calls, i = [], 0, 0
+    start = due = perf()
+    gc_was = gc.isenabled()
+    try:
+        for k in range(intervals):
+            end, m = start + (k + 1) * span, 0
+            gc.disable()
+            while True:
+                if perf() >= end:           # also bounds the wall time when calls fall behind the feed
+                    break
+                if gaps is not None:
+                    if due + int(gaps[i % n]) >= end:
+                        break
+                    due += int(gaps[i % n])
+                    _spin_until(due)
+                t0 = perf()
+                predict(windows[i % n])
+                t1 = perf()
+                if m < _SOAK_CAP:
+                    lat[m] = t1 - t0
+                m += 1
+                i += 1
+            gc.enable()
+            gc.collect()
+            rss, rss_kind = rss_bytes()
+            kept = lat[:min(m, _SOAK_CAP)] / 1e3
+            rows.append({"index": k, "calls": m,
+                         "p50_us": float(np.percentile(kept, 50)) if m else None,
+                         "p99_us": float(np.percentile(kept, 99)) if m else None, "rss_bytes": rss})
+            calls += m
+            if gaps is not None:
+                _spin_until(end)
+    finally:
+        if gc_was:
+            gc.enable()
+        else:
+            gc.disable()
+    seconds = (perf() - start) / 1e9
+    first, last = rows[0], rows[-1]
+    drift = (last["p99_us"] / first["p99_us"] - 1.0) if first["p99_us"] and last["p99_us"] is not None else None
+    growth = last["rss_bytes"] - first["rss_bytes"]
+    failures = []
+    if drift is None:
+        failures.append("an interval had no calls: the replay is slower than the interval "
+                        f"({span / 1e9:.3g} s); soak longer or use fewer intervals")
+    elif drift > max_p99_drift:
+        failures.append(f"p99 drift {drift:+.1%} > {max_p99_drift:+.1%}")
+    if growth > max_rss_growth_mb * 2**20:
+        failures.append(f"RSS growth {growth / 2**20:.2f} MiB > {max_rss_growth_mb:g} MiB")
+    return {"check": "soak", "ok": not failures, "minutes": minutes, "seconds": seconds, "calls": calls,
+            "intervals": rows, "p99_drift": drift, "rss_growth_bytes": int(growth), "rss_kind": rss_kind,
+            "max_p99_drift": max_p99_drift, "max_rss_growth_mb": max_rss_growth_mb, "failures": failures,
+            "mode": "recorded" if gaps is not None else "max", "speed": speed if gaps is not None else None,
+            "source": source, **_runner_info(runner)}

@@ -1,0 +1,107 @@
+"""Words for the HIL check results: one line of figures per result dict (the same for a local and a
+remote target, since both return the dicts of :mod:`edgehft.hil.checks`), and the summary table."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+
+def _us(v: float) -> str:
+    return f"{v:,.1f} µs" if abs(v) >= 1 else f"{v:.3g} µs"
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:+.2f} MiB"
+
+
+def timing(result: dict) -> str:
+    """Where the replayed calls and their timing came from, e.g. ``2,000 calls at recorded inter-arrival
+    times from btcusd.gz``."""
+    src = result["source"]
+    files = ", ".join(Path(f).name for f in src["files"])
+    n = f"{result['samples']:,} calls" if "samples" in result else f"{result['calls']:,} calls"
+    speed = f" ÷ {result['speed']:g}" if result.get("speed") not in (None, 1.0) else ""
+    if src["timing"] == "recorded":
+        where = "the calibration feed " if src["kind"] == "calibration-feed" else ""
+        text = f"{n} at recorded inter-arrival times{speed} from {where}{files}"
+    elif src["kind"] == "golden":
+        text = f"{n} back to back over the bundle's {src['windows']} golden inputs; NOT the feed's timing"
+    else:
+        text = f"{n} back to back over {files} (no timestamps in it)"
+    return ("EMULATED board; " if result.get("emulated") else "") + text
+
+
+def headline(result: dict) -> str:
+    """One line of figures for a check result (pass or fail)."""
+    kind = result["check"]
+    if kind == "golden":
+        what = "bit-exact" if result["compare"] == "exact" else f"within atol {result['atol']:g}"
+        if result["ok"]:
+            text = f"{result['matched']}/{result['count']} golden vectors {what} on {result['path']}"
+        else:
+            text = (f"{result['count'] - result['matched']} of {result['count']} golden vectors differ "
+                    f"(max diff {result['max_diff']:g}{' LSB' if result['compare'] == 'exact' else ''}; "
+                    f"want {what}); ran on {result['path']}, made on {result['expected_path']}")
+        return ("EMULATED board; " if result.get("emulated") else "") + text
+    if kind == "latency":
+        lat = result["latency_us"]
+        parts = []
+        for key, pct in (("p99", "p99"), ("p999", "p99.9")):
+            v = result["verdicts"].get(key)
+            if v is None:
+                parts.append(f"{pct} {_us(lat[pct])}")
+            else:
+                parts.append(f"{pct} {_us(v['value_us'])} {'≤' if v['ok'] else '>'} budget {_us(v['budget_us'])}")
+        text = ", ".join(parts) + f" (p50 {_us(lat['p50'])}; {timing(result)})"
+        if result["not_judged"]:
+            text += f"; not judged: {result['not_judged']}"
+        return text
+    if kind == "soak":
+        rows = result["intervals"]
+        p99 = " → ".join(_us(r["p99_us"]) if r["p99_us"] is not None else "—" for r in (rows[0], rows[-1]))
+        drift = "n/a" if result["p99_drift"] is None else f"{result['p99_drift']:+.1%}"
+        text = (f"{len(rows)} intervals over {result['seconds']:.1f} s: p99 {p99} (drift {drift}, max "
+                f"{result['max_p99_drift']:+.0%}), RSS {_mib(result['rss_growth_bytes'])} (max "
+                f"{result['max_rss_growth_mb']:g} MiB; {timing(result)})")
+        if result["failures"]:
+            text = "; ".join(result["failures"]) + " — " + text
+        return text
+    return str(result)
+
+
+def verdict(result: dict) -> str:
+    return {True: "passed", False: "FAILED", None: "not judged"}[result["ok"]]
+
+
+def summary_table(results: dict[str, dict], title: str, markup: bool, width: int) -> str:
+    """A rich table (check, result, figures), rendered to text for the pytest terminal."""
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=title, title_justify="left", show_lines=False)
+    t.add_column("check")
+    t.add_column("result")
+    t.add_column("figures", overflow="fold")
+    for name, res in results.items():
+        v = verdict(res)
+        style = {"passed": "green", "FAILED": "bold red"}.get(v, "yellow")
+        t.add_row(name, f"[{style}]{v}[/]", headline(res))
+    buf = io.StringIO()
+    Console(file=buf, width=max(width, 80), force_terminal=markup, no_color=not markup,
+            highlight=False).print(t)
+    return buf.getvalue()
+
+
+def soak_table(result: dict, markup: bool, width: int) -> str:
+    """Per-interval figures of a soak result."""
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title="soak intervals", title_justify="left")
+    for c in ("interval", "calls", "p50 µs", "p99 µs", "RSS MiB"):
+        t.add_column(c, justify="right")
+    for r in result["intervals"]:
+        t.add_row(str(r["index"]), f"{r['calls']:,}", "—" if r["p50_us"] is None else f"{r['p50_us']:,.1f}",
+                  "—" if r["p99_us"] is None else f"{r['p99_us']:,.1f}", f"{r['rss_bytes'] / 2**20:,.2f}")
+    buf = io.StringIO()
+    Console(file=buf, width=max(width, 60), force_terminal=markup, no_color=not markup,
+            highlight=False).print(t)
+    return buf.getvalue()

@@ -1,0 +1,127 @@
+"""Where the HIL checks run: this machine (:class:`LocalTarget`) or a box over SSH (``RemoteTarget`` from
+``edgehft.deploy.remote``, same methods, same result dicts).
+
+A target has ``golden()``, ``latency(ticks=..., samples=..., ...)``, ``soak(minutes=..., ...)`` returning
+the JSON dicts of :mod:`edgehft.hil.checks`, ``describe()`` and ``close()``. A local target also exposes
+``runner``: the runtime opened in this process, for a team's own tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgehft.hil import checks
+
+
+@dataclass
+class Settings:
+    """The plugin's options, parsed (see ``pytest --help``, group ``edgehft``)."""
+
+    board: str
+    bundle: Path | None = None
+    host: str | None = None
+    emulate: bool = False
+    threads: int = 1
+    affinity: list[int] | None = None
+    ticks: list[str] = field(default_factory=list)
+    samples: int = checks.SAMPLES
+    warmup: int = checks.WARMUP
+    speed: float = 1.0
+    budget_p99: float | None = None
+    budget_p999: float | None = None
+    soak_minutes: float | None = None
+    soak_intervals: int = checks.SOAK_INTERVALS
+    soak_max_p99_drift: float = checks.SOAK_MAX_P99_DRIFT
+    soak_max_rss_growth_mb: float = checks.SOAK_MAX_RSS_GROWTH_MB
+    checks: list[str] = field(default_factory=lambda: ["golden", "latency"])
+    json_path: str | None = None
+    ssh_config: str | None = None
+    remote_python: str | None = None
+    remote_bundle: str | None = None
+
+    def latency_options(self) -> dict:
+        """Keyword arguments of ``target.latency`` (plain values: they travel to a box as they are)."""
+        return {"ticks": list(self.ticks), "samples": self.samples, "warmup": self.warmup, "speed": self.speed,
+                "budget_p99": self.budget_p99, "budget_p999": self.budget_p999}
+
+    def soak_options(self) -> dict:
+        """Keyword arguments of ``target.soak``."""
+        return {"minutes": self.soak_minutes, "ticks": list(self.ticks), "intervals": self.soak_intervals,
+                "warmup": self.warmup, "speed": self.speed, "max_p99_drift": self.soak_max_p99_drift,
+                "max_rss_growth_mb": self.soak_max_rss_growth_mb}
+
+
+class LocalTarget:
+    """The board is this machine: the bundle is opened here with :func:`edgehft.runtime.open`, once, on
+    first use (``emulate`` opens an accelerator board's emulation; the results then say EMULATED)."""
+
+    kind = "local"
+
+    def __init__(self, board: str, bundle: str | Path, *, emulate: bool = False, threads: int = 1,
+                 affinity: list[int] | None = None):
+        self.board, self.bundle_path, self.emulate = board, Path(bundle), emulate
+        self.threads, self.affinity = threads, affinity
+        self._runner = None
+
+    @property
+    def runner(self):
+        """The opened runtime.
+
+        Raises:
+            BundleError: the bundle does not match its manifest or is for another board.
+            BoardUnavailableError: the board's library or device is missing here (try ``emulate``).
+        """
+        if self._runner is None:
+            from edgehft import runtime
+            opts = {"emulate": True} if self.emulate else {}
+            self._runner = runtime.open(self.bundle_path, self.board, threads=self.threads,
+                                        affinity=self.affinity, **opts)
+        return self._runner
+
+    def golden(self) -> dict:
+        return checks.golden(self.runner)
+
+    def latency(self, **options) -> dict:
+        return checks.latency(self.runner, **options)
+
+    def soak(self, **options) -> dict:
+        return checks.soak(self.runner, **options)
+
+    def describe(self) -> dict:
+        """What runs: ``{"kind": "local", "board", "bundle", "emulated", ...}`` plus the runner's own
+        description once it is open."""
+        d = {"kind": self.kind, "board": self.board, "bundle": str(self.bundle_path), "emulated": self.emulate}
+        if self._runner is not None:
+            d.update(self._runner.describe())
+        return d
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+
+def remote_target_class():
+    """``edgehft.deploy.remote.RemoteTarget``, or None where this edgehft does not have it yet."""
+    try:
+        from edgehft.deploy.remote import RemoteTarget
+    except ImportError:
+        return None
+    return RemoteTarget
+
+
+def make_target(s: Settings):
+    """A :class:`LocalTarget`, or with ``s.host`` a ``RemoteTarget`` (``edgehft.deploy.remote``).
+
+    Raises:
+        BoardUnavailableError: ``s.host`` given and ``edgehft.deploy.remote`` cannot be imported.
+    """
+    if s.host:
+        cls = remote_target_class()
+        if cls is None:
+            from edgehft.errors import BoardUnavailableError
+            raise BoardUnavailableError("remote targets need edgehft.deploy (not yet available)",
+                                        hint="drop --edgehft-host to run the checks on this machine")
+        return cls(s.host, s.board, bundle_dir_on_box=s.remote_bundle, ssh_config=s.ssh_config,
+                   remote_python=s.remote_python)
+    return LocalTarget(s.board, s.bundle, emulate=s.emulate, threads=s.threads, affinity=s.affinity)
