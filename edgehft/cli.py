@@ -136,8 +136,9 @@ def main() -> None:
               help="Calibration ticks: windows (.npy/.npz) or raw feed files; repeat for several. Required "
                    "for Keras models; for a quantized .tflite only used for golden vectors.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
-@click.option("--quant", type=click.Choice(["int8", "dynamic", "fp16", "float"]), default=None,
-              help="Quantization (default: the board's, int8 for cpu).")
+@click.option("--quant", type=click.Choice(["int8", "dynamic", "fp16", "float", "auto"]), default=None,
+              help="Quantization (default: the board's, int8 for cpu). cpu board: auto measures the int8, "
+                   "dynamic and float plans here and keeps the fastest that passes the drift gate.")
 @click.option("--features", default=None, help="Feature pipeline 'file.py:function' (default: the model's sidecar).")
 @click.option("--calib-windows", default=300, show_default=True, help="Windows used for calibration.")
 @click.option("--drift-windows", default=500, show_default=True, help="Held-out windows for the drift check.")
@@ -260,14 +261,21 @@ def _say_emulated(runner, as_json: bool) -> None:
 @click.option("--burst-gap-us", default=1000.0, show_default=True, type=click.FloatRange(min=0),
               help="burst: idle time between bursts.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency histogram PNG.")
+@click.option("--profile", is_flag=True,
+              help="Time per op (per step for partitioned boards) instead of replaying: each op alone and the "
+                   "whole model, interleaved; --samples rounds (default 200); without --ticks, the golden inputs.")
+@click.option("--top", default=0, type=click.IntRange(min=0), help="--profile: show only the N slowest ops.")
 @runner_opts
 @json_opt
 @handles_errors
-def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, board, threads,
-              affinity, emulate, device, overlay, as_json):
-    """Replay real ticks through BUNDLE and print latency percentiles in µs."""
+def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, profile, top, board,
+              threads, affinity, emulate, device, overlay, as_json):
+    """Replay real ticks through BUNDLE and print latency percentiles in µs (or, with --profile, time per op)."""
     from edgehft.bench.fingerprint import machine_fingerprint
     from edgehft.bench.replay import histogram_png, replay
+    if profile:
+        return _profile(bundle, ticks, warmup, samples, top, board, threads, affinity, emulate, device, overlay,
+                        as_json)
     if not ticks:
         raise click.UsageError("give --ticks FILE")
     with _open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
@@ -286,6 +294,19 @@ def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap
         click.echo(json.dumps(report))
         return
     print_bench(report)
+
+
+def _profile(bundle, ticks, warmup, samples, top, board, threads, affinity, emulate, device, overlay, as_json):
+    from edgehft.bench.fingerprint import machine_fingerprint
+    from edgehft.bench.profile import print_profile, profile_runner
+    with _open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
+        x = np.ascontiguousarray(bundle_windows(r.bundle, ticks).x, dtype=np.float32) if ticks else None
+        res = profile_runner(r, x, rounds=samples or 200, warmup=min(warmup, 50))
+        res.update(bundle=str(r.bundle.path), runner=r.describe(), fingerprint=machine_fingerprint())
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    print_profile(res, out, top)
 
 
 def print_bench(report: dict) -> None:

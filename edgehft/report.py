@@ -76,6 +76,7 @@ class Report(BaseModel):
     summary: list[str] = Field(default_factory=list)          # what maps, what falls back, what to change
     disagreements: list[dict] = Field(default_factory=list)   # prediction vs the vendor tool, per op
     accelerator: dict = Field(default_factory=dict)           # vendor details: flags, log rows, boundary
+    plan: dict = Field(default_factory=dict)                  # cpu --quant auto: chosen plan, measured alternatives
 
 
 def segments_of(ops: list[OpPlacement]) -> list[Segment]:

@@ -132,7 +132,10 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
         raise InputError(f"--quant does not apply to {model.name}: a .tflite is taken as it was quantized",
                          hint="drop --quant, or compile the Keras model it came from")
     quant = opts.quant or board.default_quantization
-    if quant not in board.quantization and not as_is:
+    if quant == "auto" and board.backend != "cpu":
+        raise InputError(f"--quant auto measures execution plans on this host: it is for the cpu board, "
+                         f"not {board.name}", hint=f"choose one of {', '.join(board.quantization)}")
+    if quant not in board.quantization and quant != "auto" and not as_is:
         raise InputError(f"board {board.name} does not take --quant {quant}",
                          hint=f"choose one of {', '.join(board.quantization)}")
     pipeline = parse_pipeline(opts.features, Path.cwd()) if opts.features else sidecar_pipeline(model)
@@ -153,6 +156,9 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
             np.savez(work / "eval.npz", x=held)
             req = {"model": str(model.resolve()), "quant": quant, "lowering": opts.lowering,
                    "calib_npz": str(work / "calib.npz"), "eval_npz": str(work / "eval.npz")}
+            if quant == "auto":                 # int8 is model.tflite; the other plans model_<plan>.tflite
+                from edgehft.compiler.plans import CANDIDATES
+                req.update(quant="int8", plans=list(CANDIDATES))
             if board.backend == "coral":
                 req["io_dtype"] = coral.io_dtype(board)
             if board.backend == "jetson":
@@ -167,41 +173,36 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
             model_file = work / "worker" / "model.tflite"
             with np.load(work / "worker" / "float_outputs.npz") as z:
                 float_outs = [z[f"out{k}"] for k in range(len(z.files))]
-        ir = TFLiteModel.from_file(model_file)
-        _check_no_loops(ir, info["layers"])
-        inputs = [_spec(ir, i, info["input_names"][k]) for k, i in enumerate(ir.main.inputs)]
-        out_names = info["output_names"]
-        outputs = [_spec(ir, i, out_names[k] if k < len(out_names) else f"output_{k}")
-                   for k, i in enumerate(ir.main.outputs)]
-
-        say("golden vectors and drift on the cpu runtime")
-        manifest = Manifest(board=board.name, backend=board.backend, model_file="model.tflite",
-                            source=SourceModel(file=model.name, sha256=_model_sha(model),
-                                               flavour=info["flavour"], lowering=info["lowering"]),
-                            quantization=Quantization(mode=quant,
-                                                      calibration_sha256=sha256_arrays(cal) if cal is not None else None,
-                                                      calibration_windows=len(cal) if cal is not None else 0,
-                                                      calibration_source=source,
-                                                      drift_windows=len(held) if held is not None else 0),
-                            inputs=inputs, outputs=outputs)
-        shutil.copyfile(model_file, work / "model.tflite")
-        draft = Bundle(work, manifest)
-        gold = run_golden(draft, board, held, opts.golden_count, opts.seed)
+        ev = dict(model=model, info=info, board=board, cal=cal, held=held, float_outs=float_outs,
+                  source=source, opts=opts)
+        plan_section = None
+        if quant == "auto":
+            from edgehft.compiler.plans import CANDIDATES, Candidate, choose, time_plans
+            cands = []
+            for plan in CANDIDATES:
+                f = work / "worker" / ("model.tflite" if plan == "int8" else f"model_{plan}.tflite")
+                say(f"plan {plan}: golden vectors and drift on the cpu runtime")
+                r = _evaluate(f, plan, work / f"plan_{plan}", **ev)
+                cands.append(Candidate(plan, r["draft"], r["gold"], r["drift"], r))
+            say("plans: time " + ", ".join(CANDIDATES) + " interleaved on one pinned core")
+            timing = time_plans({c.plan: c.bundle for c in cands}, board, held)
+            best, plan_section = choose(cands, timing)
+            r = best.evaluated
+            quant, model_file = best.plan, r["model_file"]
+        else:
+            say("golden vectors and drift on the cpu runtime")
+            r = _evaluate(model_file, quant, work / "draft", **ev)
+        ir, inputs, outputs, manifest, draft, gold, drift = (r[k] for k in (
+            "ir", "inputs", "outputs", "manifest", "draft", "gold", "drift"))
         ref_diff = reference_kernel_diff(draft, board, gold.inputs, gold.outputs)
-        drift = None
-        if float_outs is not None:
-            drift = measure_drift(float_outs, gold.dequantized, [o.name for o in outputs],
-                                  [_is_classifier(ir, o.index) for o in outputs], opts.drift_threshold,
-                                  reference=f"Keras float model ({info['flavour']})",
-                                  candidate=f"{quant} on {gold.path}")
-            if not drift.passed:
-                worst = max(drift.outputs, key=lambda o: o.mae_rel)
-                msg = (f"drift over the gate: output {worst.name!r} relative MAE {worst.mae_rel:.2%} > "
-                       f"{opts.drift_threshold:.2%}")
-                if opts.strict:
-                    raise DriftError(msg + "; nothing was written",
-                                     hint="calibrate on more representative ticks, or try --quant dynamic/fp16")
-                warnings.append(msg)
+        if drift is not None and not drift.passed:
+            worst = max(drift.outputs, key=lambda o: o.mae_rel)
+            msg = (f"drift over the gate: output {worst.name!r} relative MAE {worst.mae_rel:.2%} > "
+                   f"{opts.drift_threshold:.2%}")
+            if opts.strict:
+                raise DriftError(msg + "; nothing was written",
+                                 hint="calibrate on more representative ticks, or try --quant dynamic/fp16")
+            warnings.append(msg)
         g = len(gold.inputs[0])
         integer = all(np.dtype(o.dtype).kind in "iu" for o in outputs)
         manifest.golden = Golden(count=g, reference_path=gold.path, compare="exact" if integer else "allclose",
@@ -245,6 +246,11 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                             golden=golden,
                             notes=[f"the {board.name} board runs every op on the host CPU; 'kernel' says "
                                    "whether XNNPACK or LiteRT's builtin kernel runs it"])
+        if plan_section:
+            report.plan = plan_section
+            if quant != "int8":
+                files["model_int8.tflite"] = work / "worker" / "model.tflite"
+                manifest.artifacts["int8_ir"] = "model_int8.tflite"
         if drift is None:
             report.notes.append("no drift figures: the model came quantized (.tflite), so there is no float "
                                 "reference to compare with")
@@ -252,6 +258,40 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
         say("write bundle")
         bundle = write_bundle(out, manifest, files, report=report.model_dump())
     return CompileResult(bundle, report, warnings)
+
+
+def _evaluate(model_file: Path, quant: str, where: Path, *, model, info, board, cal, held, float_outs, source,
+              opts) -> dict:
+    """Read ``model_file`` (one plan), run it on the cpu runtime: golden vectors and drift vs Keras.
+    Returns ``ir``, ``inputs``/``outputs`` specs, the draft ``manifest`` and ``draft`` bundle, ``gold``,
+    ``drift`` (None without a float reference) and ``model_file``."""
+    ir = TFLiteModel.from_file(model_file)
+    _check_no_loops(ir, info["layers"])
+    inputs = [_spec(ir, i, info["input_names"][k]) for k, i in enumerate(ir.main.inputs)]
+    out_names = info["output_names"]
+    outputs = [_spec(ir, i, out_names[k] if k < len(out_names) else f"output_{k}")
+               for k, i in enumerate(ir.main.outputs)]
+    manifest = Manifest(board=board.name, backend=board.backend, model_file="model.tflite",
+                        source=SourceModel(file=model.name, sha256=_model_sha(model),
+                                           flavour=info["flavour"], lowering=info["lowering"]),
+                        quantization=Quantization(mode=quant,
+                                                  calibration_sha256=sha256_arrays(cal) if cal is not None else None,
+                                                  calibration_windows=len(cal) if cal is not None else 0,
+                                                  calibration_source=source,
+                                                  drift_windows=len(held) if held is not None else 0),
+                        inputs=inputs, outputs=outputs)
+    where.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model_file, where / "model.tflite")
+    draft = Bundle(where, manifest)
+    gold = run_golden(draft, board, held, opts.golden_count, opts.seed)
+    drift = None
+    if float_outs is not None:
+        drift = measure_drift(float_outs, gold.dequantized, [o.name for o in outputs],
+                              [_is_classifier(ir, o.index) for o in outputs], opts.drift_threshold,
+                              reference=f"Keras float model ({info['flavour']})",
+                              candidate=f"{quant} on {gold.path}")
+    return dict(ir=ir, inputs=inputs, outputs=outputs, manifest=manifest, draft=draft, gold=gold, drift=drift,
+                model_file=model_file)
 
 
 def _jetson_bundle(model, info, quant, board, held, float_outs, cal, source, pipeline, work, out, opts, say):

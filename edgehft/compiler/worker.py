@@ -4,7 +4,8 @@ CLI with it.
 
 Request (JSON): ``model``, ``quant``, ``lowering`` (auto | tf-keras | native), ``calib_npz`` and
 ``eval_npz`` (arrays ``x``), ``out`` (directory). Writes into ``out``: ``stage`` (the step it is in),
-``model.tflite``, ``float_outputs.npz`` (Keras outputs ``out0``… on the eval windows), ``info.json``,
+``model.tflite``, with ``"plans": [...]`` also ``model_<plan>.tflite`` per other quantization mode,
+``float_outputs.npz`` (Keras outputs ``out0``… on the eval windows), ``info.json``,
 or ``error.json`` (type, message, hint) and exit status 3. With ``"onnx": true`` also ``model.onnx`` (the
 lowered model via tf2onnx, batch 1) and ``onnx_outputs.npz``; with ``"onnx_fp16": true`` also
 ``model_fp16.onnx`` and ``onnx_fp16_outputs.npz``; ``info["onnx"]`` holds op types and the differences
@@ -127,6 +128,26 @@ def convert(req: dict, out: Path) -> None:
         raise errors.InputError(f"calibration windows have shape {calib.shape[1:]}, the model takes {in_shape}",
                                 hint="check the feature pipeline or the .npy given to --calib")
     quant = req["quant"]
+    flat = _convert(converter, quant, calib, req, out)
+    for plan in req.get("plans", []):                    # cpu board --quant auto: the candidate plans
+        if plan != quant:
+            again = tf.lite.TFLiteConverter.from_concrete_functions([concrete], convertible)
+            (out / f"model_{plan}.tflite").write_bytes(_convert(again, plan, calib, req, out))
+    (out / "model.tflite").write_bytes(flat)
+    np.savez(out / "float_outputs.npz", **{f"out{i}": y for i, y in enumerate(float_outs)})
+    info = {"flavour": flavour, "lowering": lowering, "input_names": [in_name], "input_shape": list(in_shape),
+            "output_names": out_names, "layers": layers, "versions": _versions()}
+    if req.get("onnx") or req.get("onnx_fp16"):           # Jetson: the same lowered model as ONNX
+        from edgehft.compiler.onnx_export import onnx_stage
+        src = model if model is not None else (lambda x: [concrete(**{in_name: x})[k] for k in out_names])
+        info["onnx"] = onnx_stage(req, out, src, in_shape, in_name, held, float_outs, _stage)
+    (out / "info.json").write_text(json.dumps(info, indent=1))
+    _stage(out, "done")
+
+
+def _convert(converter, quant: str, calib: np.ndarray, req: dict, out: Path) -> bytes:
+    """Configure ``converter`` for ``quant`` (int8 calibrated on ``calib``, dynamic, fp16, float) and run it."""
+    import tensorflow as tf
     if quant == "int8":
         def representative():
             for i in range(len(calib)):
@@ -144,22 +165,13 @@ def convert(req: dict, out: Path) -> None:
         converter.target_spec.supported_types = [tf.float16]
     _stage(out, f"convert ({quant})")
     try:
-        flat = converter.convert()
+        return converter.convert()
     except Exception as exc:
         msg = str(exc).strip().splitlines()
-        raise errors.ConverterError("the TFLite converter refused the model: " + " | ".join(msg[-6:])[:2000],
+        raise errors.ConverterError(f"the TFLite converter refused the model ({quant}): "
+                                    + " | ".join(msg[-6:])[:2000],
                                     hint="the message above names the op; see `edgehft boards` for what each "
                                          "quantization mode supports") from exc
-    (out / "model.tflite").write_bytes(flat)
-    np.savez(out / "float_outputs.npz", **{f"out{i}": y for i, y in enumerate(float_outs)})
-    info = {"flavour": flavour, "lowering": lowering, "input_names": [in_name], "input_shape": list(in_shape),
-            "output_names": out_names, "layers": layers, "versions": _versions()}
-    if req.get("onnx") or req.get("onnx_fp16"):           # Jetson: the same lowered model as ONNX
-        from edgehft.compiler.onnx_export import onnx_stage
-        src = model if model is not None else (lambda x: [concrete(**{in_name: x})[k] for k in out_names])
-        info["onnx"] = onnx_stage(req, out, src, in_shape, in_name, held, float_outs, _stage)
-    (out / "info.json").write_text(json.dumps(info, indent=1))
-    _stage(out, "done")
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,280 @@
+"""Per-op latency profile of a TFLite model as the cpu runtime runs it (``edgehft bench --profile``).
+
+LiteRT's Python interpreter has no op profiler, so each op is cut out of the model as a model of its own
+(:func:`edgehft.compiler.split.split`, bit-exact) and timed by itself, on the activations the preceding
+ops produced for real windows. One round times every op once and then the whole model once, in the same
+interpreter configuration (op resolver, threads), so contention on a shared machine hits every row
+alike; the figures are medians over the rounds. An op timed alone pays one interpreter ``Invoke`` of its
+own, so the ops' sum exceeds the whole model's time by roughly one ``Invoke`` overhead (~1 µs) per op:
+the report gives both, and their ratio.
+
+Partitioned boards (PYNQ: CPU segment models and FPGA kernel calls) are profiled per step of the
+runner's chain (each CPU segment's invoke with its hand-over copies, each kernel call with its
+flush/invalidate), on the real or the emulated board.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgehft.runtime import cpu as cpu_runtime
+
+
+def _interp(mod, data: bytes, threads: int, op_resolver: str):
+    kind = {"auto": mod.OpResolverType.AUTO,
+            "builtin": mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+            "reference": mod.OpResolverType.BUILTIN_REF}[op_resolver]
+    it = mod.Interpreter(model_content=data, num_threads=threads, experimental_op_resolver_type=kind)
+    it.allocate_tensors()
+    return it
+
+
+class _Part:
+    """One interpreter (a single op or the whole model) with its I/O bound by tensor name."""
+
+    def __init__(self, it, stateful: bool):
+        self.it = it
+        self.ins = [(d["name"], d["index"]) for d in it.get_input_details()]
+        self.outs = [(d["name"], d["index"]) for d in it.get_output_details()]
+        self.invoke = it._interpreter.Invoke
+        self.reset = it._interpreter.ResetVariableTensors if stateful else None
+
+    def load(self, env: dict) -> None:
+        for name, idx in self.ins:
+            self.it.set_tensor(idx, env[name])
+        if self.reset is not None:
+            self.reset()
+
+    def run(self, env: dict) -> None:
+        self.load(env)
+        self.invoke()
+        for name, idx in self.outs:
+            env[name] = self.it.get_tensor(idx)
+
+
+def _op_groups(g) -> list[list[int]]:
+    """One group per op, in order; an op that reads only constants (e.g. the DEQUANTIZE of fp16
+    weights) cannot be a model of its own and is timed together with the first op that consumes it."""
+    const = {t.index for t in g.tensors if t.is_constant}
+    feeds: dict[int, list[int]] = {}
+    consumer_of: dict[int, int] = {}
+    for op in reversed(g.ops):
+        for i in op.inputs:
+            consumer_of[i] = op.index
+    groups = []
+    for op in g.ops:
+        if op.inputs and all(i < 0 or i in const for i in op.inputs) and op.outputs \
+                and op.outputs[0] in consumer_of:
+            feeds.setdefault(consumer_of[op.outputs[0]], []).append(op.index)
+            continue
+        groups.append([*feeds.pop(op.index, []), op.index])
+    return groups
+
+
+def _us(ns: np.ndarray) -> dict:
+    us = np.asarray(ns, np.float64) / 1e3
+    return {"p50": float(np.median(us)), "p90": float(np.percentile(us, 90)), "mean": float(us.mean())}
+
+
+def profile_tflite(model: str | Path | bytes, windows: list[list[np.ndarray]], *, threads: int = 1,
+                   op_resolver: str = "auto", rounds: int = 200, warmup: int = 20,
+                   layers: dict[int, str] | None = None) -> dict:
+    """Time every op of ``model`` alone and the whole model, interleaved, over ``rounds`` rounds.
+
+    Args:
+        model: a .tflite path or its bytes.
+        windows: raw model inputs, one list (per model input, batch 1) per window; cycled over rounds.
+        layers: op index -> source layer name, for the table (e.g. from the bundle's report).
+    Returns:
+        ``{"ops": [{index, op, layer, kernel, kernel_in_model, us: {p50, p90, mean}, share}], "whole_us",
+        "sum_p50_us", "sum_over_whole", "rounds", "warmup", "op_resolver", "threads",
+        "chain_max_abs_diff"}``; ``share`` is the op's p50 over the sum of op p50s; ``chain_max_abs_diff``
+        compares the op-by-op chain's outputs with the whole model's (0 when cutting changed nothing).
+    """
+    from edgehft.compiler.split import split
+    from edgehft.ir import TFLiteModel
+    data = Path(model).read_bytes() if not isinstance(model, (bytes, bytearray)) else bytes(model)
+    mod, _, _ = cpu_runtime.load_interpreter_module()
+    ir = TFLiteModel(data)
+    g = ir.main
+    groups = _op_groups(g)
+    segs = split(data, groups)
+    whole_it = _interp(mod, data, threads, op_resolver)
+    whole = _Part(whole_it, any(t.is_variable for t in g.tensors))
+    in_model = cpu_runtime.delegated_ops(whole_it)
+    parts, kernels = [], []
+    for seg in segs:
+        it = _interp(mod, seg.data, threads, op_resolver)
+        stateful = any(t.is_variable for t in TFLiteModel(seg.data).main.tensors)
+        parts.append(_Part(it, stateful))
+        taken = cpu_runtime.delegated_ops(it)
+        kernels.append("XNNPACK" if len(taken) == len(seg.ops) else "builtin" if not taken else "mixed")
+    in_names = [n for n, _ in whole.ins]
+    out_names = [n for n, _ in whole.outs]
+
+    # Every op's inputs per window, from the op-by-op chain; the chain is checked against the whole model.
+    envs, worst = [], 0.0
+    for w in windows:
+        env = dict(zip(in_names, w))
+        for p in parts:
+            p.run(env)
+        ref = dict(zip(in_names, w))
+        whole.run(ref)
+        for n in out_names:
+            worst = max(worst, float(np.abs(env[n].astype(np.float64) - ref[n].astype(np.float64)).max()))
+        envs.append(env)
+
+    n_parts = len(parts)
+    lat = np.empty((rounds, n_parts + 1), dtype=np.int64)
+    perf = time.perf_counter_ns
+    gc_was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(-warmup, rounds):
+            env = envs[r % len(envs)]
+            for k, p in enumerate(parts):
+                p.load(env)
+                t0 = perf()
+                p.invoke()
+                t1 = perf()
+                if r >= 0:
+                    lat[r, k] = t1 - t0
+            whole.load(env)
+            t0 = perf()
+            whole.invoke()
+            t1 = perf()
+            if r >= 0:
+                lat[r, n_parts] = t1 - t0
+    finally:
+        if gc_was:
+            gc.enable()
+    stats = [_us(lat[:, k]) for k in range(n_parts + 1)]
+    total = sum(s["p50"] for s in stats[:-1]) or 1.0
+    layers = layers or {}
+    ops = []
+    for k, grp in enumerate(groups):
+        main = g.ops[grp[-1]]
+        ops.append({"index": main.index, "op": main.name, "layer": layers.get(main.index),
+                    "with_ops": [f"{g.ops[i].index}:{g.ops[i].name}" for i in grp[:-1]],
+                    "kernel": kernels[k], "kernel_in_model": in_model.get(main.index, "builtin"),
+                    "us": stats[k], "share": stats[k]["p50"] / total})
+    return {"ops": ops, "whole_us": stats[-1], "sum_p50_us": total,
+            "sum_over_whole": total / stats[-1]["p50"] if stats[-1]["p50"] else None,
+            "rounds": rounds, "warmup": warmup, "op_resolver": op_resolver, "threads": threads,
+            "chain_max_abs_diff": worst}
+
+
+def raw_windows(runner, x: np.ndarray | None, count: int = 8) -> list[list[np.ndarray]]:
+    """Up to ``count`` windows as the runner's raw model inputs (quantized as ``predict`` does), or the
+    bundle's golden inputs when ``x`` is None."""
+    if x is None:
+        ins, _ = runner.bundle.golden()
+        names = [s.name for s in runner.bundle.manifest.inputs]
+        n = min(count, len(ins[names[0]]))
+        return [[np.ascontiguousarray(ins[k][i:i + 1]) for k in names] for i in range(n)]
+    out = []
+    for i in range(min(count, len(x))):
+        slot = runner.inputs[0]
+        slot.write(x[i])
+        out.append([np.array(slot.dest).reshape(slot.spec.shape)])
+    return out
+
+
+def profile_runner(runner, x: np.ndarray | None, *, rounds: int = 200, warmup: int = 20) -> dict:
+    """The profile of what ``runner`` runs: per op of its model (cpu board, emulated Coral) or per step
+    and per op of each CPU segment (PYNQ). ``x``: float windows (or None: the golden inputs)."""
+    layers = {}
+    try:
+        layers = {o["index"]: o.get("layer") for o in runner.bundle.report().get("ops", [])}
+    except Exception:  # noqa: BLE001 - the layer column is a convenience
+        pass
+    steps = getattr(runner, "_steps", None)
+    if steps is not None:
+        return _profile_steps(runner, x, rounds, warmup)
+    model_file = runner._loaded_model_file()
+    res = profile_tflite(model_file, raw_windows(runner, x), threads=runner.threads,
+                         op_resolver=getattr(runner, "op_resolver", "auto"), rounds=rounds, warmup=warmup,
+                         layers=layers)
+    res.update(model=str(model_file), segments=None)
+    return res
+
+
+def _profile_steps(runner, x, rounds: int, warmup: int) -> dict:
+    """PYNQ: time each step of the chain (CPU segment invoke, or FPGA kernel call with its copies)."""
+    windows = raw_windows(runner, x)
+    names = [t["name"] for t in runner.graph["inputs"]]
+    steps = runner._steps
+    lat = np.empty((rounds, len(steps)), dtype=np.int64)
+    perf = time.perf_counter_ns
+    for r in range(-warmup, rounds):
+        env = dict(zip(names, windows[r % len(windows)]))
+        for k, (kind, st, h) in enumerate(steps):
+            t0 = perf()
+            if kind == "cpu":
+                it, ins, outs, stateful = h
+                for idx, t in zip(ins, st["inputs"]):
+                    it.set_tensor(idx, env[t["name"]])
+                if stateful:
+                    it.reset_all_variables()
+                it.invoke()
+                for idx, t in zip(outs, st["outputs"]):
+                    env[t["name"]] = it.get_tensor(idx)
+            else:
+                ip, bufs, args = h
+                bufs["x"][:] = env[st["inputs"][0]["name"]].reshape(bufs["x"].shape)
+                bufs["x"].flush()
+                ip.call(**args)
+                bufs["y"].invalidate()
+                env[st["outputs"][0]["name"]] = np.asarray(bufs["y"]).copy()
+            if r >= 0:
+                lat[r, k] = perf() - t0
+    segs = []
+    for k, (kind, st, _) in enumerate(steps):
+        row = {"index": k, "placement": st["placement"], "what": st.get("kernel") or st.get("model"),
+               "ops": st.get("ops"), "us": _us(lat[:, k])}
+        segs.append(row)
+    total = sum(s["us"]["p50"] for s in segs) or 1.0
+    for s in segs:
+        s["share"] = s["us"]["p50"] / total
+    return {"ops": [], "segments": segs, "sum_p50_us": total, "rounds": rounds, "warmup": warmup,
+            "threads": runner.threads, "emulated": runner.emulated}
+
+
+def print_profile(res: dict, console, top: int = 0) -> None:
+    """The profile as tables: ops by time (``top`` > 0: only the slowest ``top``), or segments."""
+    from rich.table import Table
+    if res.get("segments"):
+        t = Table(title=f"time per step ({res['rounds']} rounds, median)"
+                        + (" [bold](EMULATED board)[/]" if res.get("emulated") else ""), title_justify="left")
+        for c in ("#", "placement", "what", "ops", "p50 µs", "p90 µs", "share"):
+            t.add_column(c, justify="right" if c in ("#", "p50 µs", "p90 µs", "share") else "left")
+        for s in res["segments"]:
+            t.add_row(str(s["index"]), s["placement"], str(s["what"]), str(s.get("ops") or ""),
+                      f"{s['us']['p50']:.1f}", f"{s['us']['p90']:.1f}", f"{s['share']:.1%}")
+        console.print(t)
+        console.print(f"sum of steps (p50): {res['sum_p50_us']:.1f} µs")
+        return
+    ops = sorted(res["ops"], key=lambda o: -o["us"]["p50"])
+    shown = ops[:top] if top else ops
+    t = Table(title=f"time per op, {res.get('model', '')} ({res['rounds']} rounds interleaved, median; "
+                    f"{res['op_resolver']}, {res['threads']} thread(s))", title_justify="left")
+    for c in ("#", "op", "layer", "kernel", "p50 µs", "p90 µs", "share", "cumulative"):
+        t.add_column(c, justify="right" if c in ("#", "p50 µs", "p90 µs", "share", "cumulative") else "left")
+    cum = 0.0
+    for o in shown:
+        cum += o["share"]
+        kernel = o["kernel"] + ("" if o["kernel"] == o["kernel_in_model"] else f" (in model: {o['kernel_in_model']})")
+        name = o["op"] + (f" + {len(o['with_ops'])} const op(s)" if o.get("with_ops") else "")
+        t.add_row(str(o["index"]), name, o["layer"] or "", kernel, f"{o['us']['p50']:.1f}",
+                  f"{o['us']['p90']:.1f}", f"{o['share']:.1%}", f"{cum:.1%}")
+    console.print(t)
+    w = res["whole_us"]
+    console.print(f"whole model p50 {w['p50']:.1f} µs (p90 {w['p90']:.1f}); sum of ops p50 {res['sum_p50_us']:.1f} µs "
+                  f"= {res['sum_over_whole']:.2f}x the whole (each op alone pays its own invoke); "
+                  + ("op-by-op chain reproduces the whole model's outputs exactly"
+                     if res["chain_max_abs_diff"] == 0 else
+                     f"op-by-op chain vs whole model: max |diff| {res['chain_max_abs_diff']:.3g}"))

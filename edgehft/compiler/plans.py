@@ -1,0 +1,101 @@
+"""``--quant auto`` on the cpu board: choose the execution plan by measuring the candidates on this host.
+
+The candidates are the same Keras model converted three ways (full int8, dynamic range = int8 weights
+with float activations, float32). Each is checked against the Keras float model on the held-out windows
+(the drift gate) and timed through the cpu runtime's ``predict``, all candidates interleaved round by
+round on one pinned core with one thread, so load from other processes hits every candidate alike. The
+fastest candidate at p50 that passes the drift gate becomes the bundle's ``model.tflite``: its golden
+vectors, drift figures and op report are the ones recorded, and the report's ``plan`` section lists every
+candidate with what was measured. The full-int8 graph is kept in the bundle as ``model_int8.tflite``
+(the IR accelerator boards read); they never use ``auto``, so their bit-exact int8 contract is unchanged.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+CANDIDATES = ("int8", "dynamic", "float")
+
+
+@dataclass
+class Candidate:
+    plan: str                   # quantization mode
+    bundle: object              # a draft Bundle whose model.tflite is this plan
+    gold: object                # GoldenRun of the plan on the held-out windows
+    drift: object               # Drift vs the Keras float model, or None
+    evaluated: dict             # everything the pipeline computed for it (ir, specs, manifest, ...)
+
+
+def time_plans(bundles: dict, board, windows: np.ndarray, rounds: int = 300, warmup: int = 30) -> dict:
+    """p50/p99/p99.9/mean µs of ``predict`` per plan, measured interleaved (one call of each plan per
+    round) on one core of this process's affinity with one interpreter thread. The affinity is restored."""
+    from edgehft.bench.replay import summarize_us
+    from edgehft.runtime import cpu as cpu_runtime
+    before = os.sched_getaffinity(0)
+    core = max(before)
+    runners = {p: cpu_runtime.Runner(b, board, threads=1) for p, b in bundles.items()}
+    lat = {p: np.empty(rounds, np.int64) for p in runners}
+    perf = time.perf_counter_ns
+    gc_was = gc.isenabled()
+    try:
+        os.sched_setaffinity(0, {core})
+        gc.collect()
+        gc.disable()
+        order = list(runners.items())
+        for r in range(-warmup, rounds):
+            x = windows[r % len(windows)]
+            for p, run in (order if r % 2 else order[::-1]):       # ABC CBA ...: no fixed position
+                t0 = perf()
+                run.predict(x)
+                t1 = perf()
+                if r >= 0:
+                    lat[p][r] = t1 - t0
+    finally:
+        if gc_was:
+            gc.enable()
+        os.sched_setaffinity(0, before)
+        for run in runners.values():
+            run.close()
+    out = {}
+    for p, ns in lat.items():
+        s = summarize_us(ns)
+        out[p] = {"p50_us": s["p50"], "p99_us": s["p99"], "p99.9_us": s["p99.9"], "mean_us": s["mean"],
+                  "p99_over_p50": s["p99"] / s["p50"]}
+    out["_core"] = core
+    return out
+
+
+def choose(cands: list[Candidate], timing: dict) -> tuple[Candidate, dict]:
+    """The fastest candidate at p50 among those passing the drift gate (or with no drift figures); if
+    none passes, the one with the lowest relative MAE (the drift gate then warns or fails as usual).
+    Returns the choice and the report's ``plan`` section."""
+    def rel(c):
+        return max(o.mae_rel for o in c.drift.outputs) if c.drift else None
+    ok = [c for c in cands if c.drift is None or c.drift.passed]
+    if ok:
+        best = min(ok, key=lambda c: timing[c.plan]["p50_us"])
+        why = "fastest p50 of the plans that pass the drift gate"
+    else:
+        best = min(cands, key=lambda c: rel(c))
+        why = "no plan passes the drift gate: the one with the lowest drift"
+    measured = [{"plan": c.plan, **{k: round(v, 2) for k, v in timing[c.plan].items()},
+                 "drift_rel_mae": rel(c), "drift_passed": None if c.drift is None else c.drift.passed,
+                 "argmax_agreement": c.drift.outputs[0].argmax_agreement if c.drift else None,
+                 "chosen": c is best} for c in cands]
+    from edgehft.bench.fingerprint import machine_fingerprint
+    fp = machine_fingerprint()
+    section = {"mode": "auto", "chosen": best.plan, "why": why, "candidates": [c.plan for c in cands],
+               "measured": measured,
+               "measured_on": {"cpu_model": fp["cpu_model"], "logical_cpus": fp["logical_cpus"],
+                               "pinned_cpu": timing["_core"], "threads": 1,
+                               "libraries": fp["libraries"]},
+               "reference": (f"model.tflite is the {best.plan} plan; the golden vectors, the drift figures "
+                             "and the op table are that plan's, produced by the cpu runtime that runs it"
+                             + ("" if best.plan == "int8" else
+                                "; model_int8.tflite is the full-int8 graph (what accelerator boards get), "
+                                "kept for reference, not run by this bundle"))}
+    return best, section
