@@ -345,6 +345,7 @@ def print_bench(report: dict) -> None:
 
 
 import edgehft.cli_inspect  # noqa: E402,F401  (registers the report and boards commands)
+import edgehft.cli_deploy  # noqa: E402,F401  (registers deploy, status and rollback)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Exit codes (also in the README): 0 ok, 2 usage, 3 bad input (model file, ticks, shapes, dtypes, NaN),
 4 converter failure (crash, hang, lowering), 5 drift gate failed under ``--strict``, 6 bundle does not
-match its manifest, 7 board or library unavailable, 8 golden vectors not reproduced.
+match its manifest, 7 board or library unavailable, 8 golden vectors not reproduced, 9 deploy refused or failed
+on the box (the previous version still serves), 10 box unreachable (SSH connection, authentication or host key).
 """
 from __future__ import annotations
 
@@ -71,3 +72,21 @@ class GoldenMismatchError(EdgeHFTError):
     """The runtime did not reproduce the bundle's golden vectors."""
 
     exit_code = 8
+
+
+class DeployError(EdgeHFTError):
+    """A deploy was refused (wrong board, box not that board, disk full) or failed on the box; the box keeps
+    serving its previous version."""
+
+    exit_code = 9
+
+
+class RemoteError(EdgeHFTError):
+    """The box cannot be reached over SSH: connection refused or dropped, authentication failed, or its
+    host key is unknown or changed (never auto-accepted)."""
+
+    exit_code = 10
+
+
+class HostKeyError(RemoteError):
+    """The box's SSH host key is not in known_hosts, or differs from the one recorded there."""

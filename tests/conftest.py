@@ -62,3 +62,23 @@ def deeplob_windows() -> dict:
 @pytest.fixture
 def rng():
     return np.random.default_rng(42)
+
+
+@pytest.fixture(scope="session")
+def ssh_box(tmp_path_factory):
+    """A real sshd on 127.0.0.1 standing in for a box (tests/sshbox.py); its Python is .venv-board.
+
+    Skipped with the reason where sshd or the board venv is missing, except under CI (CI=true), where
+    scripts/test.sh installs both and a missing one is a failure.
+    """
+    from sshbox import BOX_PYTHON, SSHD, LoopbackBox
+    missing = [what for what, ok in ((f"sshd ({SSHD}; apt-get install openssh-server)", os.path.exists(SSHD)),
+                                     (f"the board venv ({BOX_PYTHON}; scripts/board-venv.sh)", BOX_PYTHON.exists()))
+               if not ok]
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail("deploy tests need " + " and ".join(missing))
+        pytest.skip("deploy tests need " + " and ".join(missing))
+    box = LoopbackBox(tmp_path_factory.mktemp("sshbox")).start()
+    yield box
+    box.stop()

@@ -1,0 +1,181 @@
+"""``edgehft deploy``, ``edgehft status`` and ``edgehft rollback``: bundles on boxes over SSH."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.table import Table
+
+from edgehft.cli import err, handles_errors, json_opt, main, out
+
+ssh_config_opt = click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), default=None,
+                              help="OpenSSH config file (ssh -F); default: your ~/.ssh/config.")
+python_opt = click.option("--remote-python", default=None,
+                          help="Python on the box that has edgehft installed (default: the board file's "
+                               "[ssh] python, else python3).")
+install_dir_opt = click.option("--install-dir", default=None,
+                               help="Install directory on the box (default: the board file's [ssh] install_dir).")
+
+
+def _target(host, board_name, python, install_dir, ssh_config):
+    from edgehft.boards import load_board
+    from edgehft.deploy.ssh import parse_target
+    board = load_board(board_name) if board_name else None
+    return parse_target(host, board=board, python=python, install_dir=install_dir, ssh_config=ssh_config)
+
+
+def _bundle_board(bundle) -> str:
+    from edgehft.bundle import load_bundle
+    return load_bundle(bundle, verify=False).manifest.board
+
+
+def _step_printer(quiet: bool):
+    def on_step(step, target, ctx):
+        if not quiet:
+            err.print(f"[dim]{target.label}[/] {step} …", highlight=False)
+    return on_step
+
+
+@main.command("deploy")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@click.option("--board", default=None, help="The board the box is (default: the bundle's).")
+@click.option("--host", "host", default=None, help="The box: user@host[:port] or an ssh alias.")
+@click.option("--hosts", "hosts_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Inventory of boxes (TOML [[hosts]] or one user@host[:port] per line); deployed in parallel.")
+@click.option("--parallel", default=8, show_default=True, type=click.IntRange(min=1), help="--hosts: boxes at once.")
+@click.option("--keep", default=3, show_default=True, type=click.IntRange(min=0),
+              help="Versions kept on the box (the active and the previous one always).")
+@click.option("--dry-run", is_flag=True, help="Probe the box(es) and print what would happen; change nothing.")
+@click.option("--force", is_flag=True, help="Deploy even when the bundle or the box is not the board (loud).")
+@click.option("--emulate", is_flag=True, help="Run the golden vectors on the box in emulation (no device there).")
+@ssh_config_opt
+@python_opt
+@install_dir_opt
+@json_opt
+@handles_errors
+def deploy_cmd(bundle, board, host, hosts_file, parallel, keep, dry_run, force, emulate, ssh_config,
+               remote_python, install_dir, as_json):
+    """Install BUNDLE on a box: upload to a new version directory, verify SHA-256 and the golden vectors
+    on the box, then switch atomically (the previous version stays for `edgehft rollback`).
+
+    Exit codes: 0 deployed, 8 golden vectors differ on the box, 9 refused or failed (the box keeps its
+    previous version), 10 unreachable (connection, authentication, unknown or changed host key)."""
+    from edgehft.deploy.deploy import deploy, deploy_many
+    from edgehft.deploy.inventory import read_inventory
+    if bool(host) == bool(hosts_file):
+        raise click.UsageError("give one of --host user@box or --hosts FILE")
+    if force and not as_json:
+        err.print("[bold red]--force:[/] board checks become warnings; a wrong board can serve wrong numbers")
+    entries = read_inventory(hosts_file) if hosts_file else [{"host": host}]
+    default_board = board or _bundle_board(bundle)
+    targets, boards = [], []
+    for e in entries:
+        b = e.get("board", default_board)
+        targets.append(_target(e["host"], b, e.get("python", remote_python), e.get("install_dir", install_dir),
+                               ssh_config))
+        boards.append(b)
+    quiet = as_json or len(targets) > 1
+    opts = dict(force=force, dry_run=dry_run, keep=keep, emulate=emulate, on_step=_step_printer(quiet))
+    if len(set(boards)) == 1:
+        results = deploy_many(targets, bundle, boards[0], parallel=parallel, **opts) if len(targets) > 1 \
+            else [deploy(targets[0], bundle, boards[0], **opts)]
+    else:
+        results = [deploy(t, bundle, b, **opts) for t, b in zip(targets, boards)]
+    failed = [r for r in results if not r.ok]
+    if as_json:
+        click.echo(json.dumps({"results": [r.to_json() for r in results], "failed": len(failed)}))
+    else:
+        _print_results(results, dry_run)
+    if failed:
+        sys.exit(failed[0].exit_code if len(results) == 1 else 9)
+
+
+def _print_results(results, dry_run: bool) -> None:
+    for r in results:
+        for why in r.forced:
+            err.print(f"[bold red]FORCED[/] {r.host}: {why}", highlight=False)
+    if len(results) == 1 and results[0].plan:
+        r = results[0]
+        out.print(f"[bold]dry run[/] {r.host} ({r.board}), active now: {r.active_before or 'nothing'}")
+        for line in r.plan:
+            out.print(f"  would {line}")
+        return
+    if len(results) == 1 and not results[0].ok:
+        r = results[0]
+        err.print(f"[bold red]deploy failed[/] at {r.step} on {r.host}: {r.error}", highlight=False)
+        if r.hint:
+            err.print(f"  [yellow]hint:[/] {r.hint}", highlight=False)
+        err.print(f"  the box serves: {r.active_after or 'nothing (no version was active)'}", highlight=False)
+        return
+    t = Table(title="dry run" if dry_run else "deploy", title_justify="left")
+    for col in ("host", "board", "result", "version", "golden", "s"):
+        t.add_column(col, no_wrap=col in ("host", "result", "version"))
+    for r in results:
+        g = r.golden
+        t.add_row(r.host, r.board, "[green]ok[/]" if r.ok else f"[red]failed at {r.step}[/]",
+                  r.active_after if r.ok and not dry_run else (r.version or ""),
+                  f"{g['matched']}/{g['count']} {g['compare']}" if g else "", f"{sum(r.seconds.values()):.1f}")
+    out.print(t)
+    for r in results:
+        if not r.ok:
+            err.print(f"[red]{r.host}[/] ({r.step}): {r.error.removeprefix(r.host + ': ')}", highlight=False)
+
+
+@main.command("status")
+@click.option("--host", "host", required=True, help="The box: user@host[:port] or an ssh alias.")
+@click.option("--board", default=None, help="Board file for SSH defaults (user, port, install dir, python).")
+@ssh_config_opt
+@python_opt
+@install_dir_opt
+@json_opt
+@handles_errors
+def status_cmd(host, board, ssh_config, remote_python, install_dir, as_json):
+    """Show what a box runs: active bundle, model hash, board, runtime versions, previous versions."""
+    from edgehft.deploy.deploy import box_status
+    res = box_status(_target(host, board, remote_python, install_dir, ssh_config))
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    f, s = res["facts"], res["status"]
+    a = s.get("active_info") or {}
+    out.print(f"[bold]{host}[/] ({f['hostname']}, {f['arch']}, Python {f['python']}): install dir {s['root']}")
+    out.print(f"  active: [bold]{s['active'] or 'nothing'}[/]" + (
+        f" — board {a.get('board')}, model {a.get('model_file')} sha256 {str(a.get('model_sha256'))[:16]}…, "
+        f"bundle sha256 {str(a.get('bundle_sha256'))[:16]}…, deployed {a.get('received_utc')}" if a else ""))
+    out.print(f"  previous: {s['previous'] or 'none'}")
+    out.print("  runtime: " + ", ".join(f"{k} {v}" for k, v in f["packages"].items()))
+    ident = [f"{k} {f[k]}" for k in ("pynq_board", "l4t", "device_tree_model") if f.get(k)]
+    tpus = f.get("edgetpu") or {}
+    if any(tpus.values()):
+        ident.append(f"Edge TPU usb {tpus.get('usb', 0)} pci {tpus.get('pci', 0)}")
+    out.print("  identity: " + (", ".join(ident) or "plain host (no PYNQ, Jetson or Edge TPU found)"))
+    t = Table(title="versions on the box", title_justify="left")
+    for col in ("version", "board", "model sha256", "deployed", ""):
+        t.add_column(col)
+    for v in s["versions"]:
+        t.add_row(v["version"], str(v.get("board", "")), str(v.get("model_sha256", ""))[:16],
+                  str(v.get("received_utc", "")), "active" if v["active"] else
+                  ("previous" if v["version"] == s["previous"] else ""))
+    out.print(t)
+    if s["staged"] or s["partial"]:
+        out.print(f"  not active: staged {s['staged']}, interrupted {s['partial']} (removed by the next deploy)")
+
+
+@main.command("rollback")
+@click.option("--host", "host", required=True, help="The box: user@host[:port] or an ssh alias.")
+@click.option("--to", "to", default=None, help="Version to switch to (default: the previous one).")
+@click.option("--board", default=None, help="Board file for SSH defaults (user, port, install dir, python).")
+@ssh_config_opt
+@python_opt
+@install_dir_opt
+@json_opt
+@handles_errors
+def rollback_cmd(host, to, board, ssh_config, remote_python, install_dir, as_json):
+    """Switch a box back to its previous version (or --to VERSION), after re-checking that version's files."""
+    from edgehft.deploy.deploy import rollback
+    res = rollback(_target(host, board, remote_python, install_dir, ssh_config), to)
+    if as_json:
+        click.echo(json.dumps(res))
+    else:
+        out.print(f"{host}: active [bold]{res['active']}[/] (was {res['previous']})")

@@ -1,0 +1,125 @@
+"""The box agent: ``python -m edgehft.deploy.agent COMMAND --root INSTALL_DIR ...``, run over SSH by
+``edgehft deploy``/``status``/``rollback`` and by the HIL plugin's remote target.
+
+It answers with one JSON object per line on stdout; a failure is ``{"error", "hint", "type"}`` and exit
+status 1. Commands:
+
+    probe                        facts about the box (edgehft.deploy.probe) and the install dir's status
+    receive --version V --bytes N --meta JSON   bundle tar on stdin -> incoming/V
+    verify --version V           SHA-256 of every staged file against the staged manifest
+    golden --version V --board B [--emulate]   the bundle's golden vectors on the box's own runtime
+    activate --version V [--keep K]             re-verify, move to versions/, atomic switch of current
+    rollback [--to V]            switch back (to the previous version by default)
+    discard --version V --reason TEXT           drop a staged version that failed a check
+    status                       what the box runs and keeps
+    hil CHECK --board B [--options JSON]        a HIL check (edgehft.hil.checks) on the active bundle
+
+A hang-up (the SSH connection dropped) or SIGTERM raises inside the agent, so a transfer in progress is
+removed before it exits; a SIGKILL leaves at most an ``incoming/*.partial`` directory, removed by the next
+deploy. Nothing here imports TensorFlow; the golden and HIL commands import the board's runtime.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from edgehft.errors import EdgeHFTError
+
+
+class HangUp(Exception):
+    """SIGHUP/SIGTERM arrived: the SSH session ended or someone stopped the agent."""
+
+
+def _on_signal(signum, frame):
+    raise HangUp(f"signal {signal.Signals(signum).name}")
+
+
+def emit(obj: dict) -> None:
+    """One JSON line on stdout (ignored if the connection is gone)."""
+    try:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _golden(store, args) -> dict:
+    from edgehft import runtime
+    from edgehft.checks import check_golden
+    path = store.staged(args.version)
+    opts = {"emulate": True} if args.emulate else {}
+    with runtime.open(path, args.board, **opts) as r:
+        res = check_golden(r)
+        res.update(board=r.board, emulated=r.emulated, version=args.version)
+    return res
+
+
+def _hil(store, args) -> dict:
+    from edgehft.hil import checks
+    if store.active() is None:
+        raise EdgeHFTError("no active bundle on the box", hint="edgehft deploy one first")
+    fn = getattr(checks, f"remote_{args.check}", None)
+    if fn is None:
+        raise EdgeHFTError(f"unknown HIL check {args.check!r}")
+    return fn(str(store.current), args.board, **json.loads(args.options or "{}"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from edgehft.deploy.store import Store
+    p = argparse.ArgumentParser(prog="python -m edgehft.deploy.agent")
+    p.add_argument("command", choices=["probe", "receive", "verify", "golden", "activate", "rollback", "discard",
+                                       "status", "hil"])
+    p.add_argument("check", nargs="?")
+    p.add_argument("--root", required=True)
+    p.add_argument("--version")
+    p.add_argument("--bytes", type=int, default=0)
+    p.add_argument("--meta", default="{}")
+    p.add_argument("--board")
+    p.add_argument("--emulate", action="store_true")
+    p.add_argument("--keep", type=int, default=3)
+    p.add_argument("--to")
+    p.add_argument("--reason", default="")
+    p.add_argument("--options")
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGHUP, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    store = Store(args.root)
+    try:
+        if args.command == "probe":
+            from edgehft.deploy.probe import probe_box
+            res = {"facts": probe_box(), "status": store.status()}
+        elif args.command == "receive":
+            res = store.receive(args.version, sys.stdin.buffer, args.bytes, json.loads(args.meta))
+        elif args.command == "verify":
+            res = store.verify(args.version)
+        elif args.command == "golden":
+            res = _golden(store, args)
+        elif args.command == "activate":
+            res = store.activate(args.version, keep=args.keep)
+        elif args.command == "rollback":
+            res = store.rollback(args.to)
+        elif args.command == "discard":
+            res = store.discard(args.version, args.reason)
+        elif args.command == "hil":
+            res = _hil(store, args)
+        else:
+            res = store.status()
+    except EdgeHFTError as exc:
+        emit({"error": exc.args[0] if exc.args else str(exc), "hint": exc.hint, "type": type(exc).__name__,
+              "exit_code": exc.exit_code})
+        return 1
+    except HangUp as exc:
+        emit({"error": f"the agent was stopped ({exc})", "type": "HangUp"})
+        return 1
+    except Exception as exc:  # an unexpected failure is reported, not a traceback on a closed pipe
+        emit({"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__,
+              "hint": "a bug or an unexpected box state; the box keeps serving its previous version"})
+        return 1
+    emit({"ok": True, "result": res})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

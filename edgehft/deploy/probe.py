@@ -1,0 +1,131 @@
+"""What a box is: facts read on the box (:func:`probe_box`), and whether they make it a given board
+(:func:`board_mismatches`, run on the host).
+
+The facts come from the files the vendors' images write, read under ``root`` (``/`` on a box; a directory
+tree in tests):
+
+- PYNQ: the ``BOARD`` variable the PYNQ image sets (process environment, else ``/etc/environment``);
+- Jetson: ``/etc/nv_tegra_release`` (``# R36 (release), REVISION: 4.0, …`` → L4T ``36.4.0``) and the module
+  name in ``/proc/device-tree/model``;
+- Coral: Edge TPUs on USB (``/sys/bus/usb/devices/*/idVendor:idProduct`` = ``1a6e:089a`` before the runtime
+  loads its firmware, ``18d1:9302`` after) and on PCIe (``/dev/apex_N``, the gasket driver's nodes);
+- everything: CPU architecture, Python, and the versions of edgehft and the runtime packages installed
+  (read from package metadata, without importing them).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+
+EDGETPU_USB_IDS = {("1a6e", "089a"), ("18d1", "9302")}
+PACKAGES = ("edgehft", "ai-edge-litert", "tflite-runtime", "numpy", "pynq", "tensorrt", "pycoral")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace").strip("\x00\n ")
+    except OSError:
+        return None
+
+
+def _pynq_board(root: Path) -> str | None:
+    if root == Path("/") and os.environ.get("BOARD"):
+        return os.environ["BOARD"]
+    text = _read(root / "etc/environment") or ""
+    m = re.search(r"^\s*BOARD=\"?([^\"\n]+)\"?", text, re.M)
+    return m.group(1).strip() if m else None
+
+
+def parse_l4t(text: str | None) -> str | None:
+    """``/etc/nv_tegra_release`` first line → ``"36.4.0"`` (None when it is not an L4T release file)."""
+    m = re.search(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", text or "")
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def _edgetpus(root: Path) -> dict:
+    usb = 0
+    devices = root / "sys/bus/usb/devices"
+    if devices.is_dir():
+        for d in devices.iterdir():
+            ids = (_read(d / "idVendor"), _read(d / "idProduct"))
+            usb += ids in EDGETPU_USB_IDS
+    dev = root / "dev"
+    pci = len(list(dev.glob("apex_*"))) if dev.is_dir() else 0
+    return {"usb": usb, "pci": pci}
+
+
+def _versions() -> dict:
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def probe_box(root: str | Path = "/") -> dict:
+    """Facts about the machine this runs on (JSON-able).
+
+    Returns:
+        ``{"arch", "hostname", "python", "packages": {name: version}, "pynq_board", "l4t",
+        "device_tree_model", "edgetpu": {"usb": n, "pci": n}, "bundle_format_version"}``; fields the box
+        does not have are None.
+    """
+    from edgehft.bundle import FORMAT_VERSION
+    root = Path(root)
+    return {
+        "arch": platform.machine(),
+        "hostname": platform.node(),
+        "python": sys.version.split()[0],
+        "packages": _versions(),
+        "pynq_board": _pynq_board(root),
+        "l4t": parse_l4t(_read(root / "etc/nv_tegra_release")),
+        "device_tree_model": _read(root / "proc/device-tree/model"),
+        "edgetpu": _edgetpus(root),
+        "bundle_format_version": FORMAT_VERSION,
+    }
+
+
+def board_mismatches(board, facts: dict, bundle_format_version: int = 1) -> list[str]:
+    """Why the box described by ``facts`` is not ``board`` (empty when it is).
+
+    Rules per backend: cpu — a LiteRT interpreter is installed; pynq — ``BOARD`` equals the board file's
+    ``runtime.pynq_board``; jetson — the L4T release starts with the board's ``runtime.l4t`` and every word
+    of the board name after ``jetson-`` is in the device-tree model; coral — an Edge TPU on the board's
+    ``runtime.device`` bus (usb or pci). Every box needs a LiteRT interpreter (CPU segments, golden checks)
+    unless it is a Jetson, and an edgehft that reads the bundle's format version.
+    """
+    why = []
+    pk = facts.get("packages", {})
+    if facts.get("bundle_format_version", 0) < bundle_format_version:
+        why.append(f"the box's edgehft {pk.get('edgehft', '?')} reads bundle format "
+                   f"{facts.get('bundle_format_version')}; this bundle is format {bundle_format_version}")
+    rt = board.runtime
+    has_litert = "ai-edge-litert" in pk or "tflite-runtime" in pk
+    if board.backend != "jetson" and not has_litert:
+        why.append("no LiteRT interpreter on the box (pip install ai-edge-litert, or tflite-runtime)")
+    if board.backend == "pynq":
+        want, got = rt.get("pynq_board"), facts.get("pynq_board")
+        if got != want:
+            why.append(f"PYNQ board is {got or 'not set (no BOARD in the environment: not a PYNQ image)'}, "
+                       f"{board.name} needs {want}")
+    elif board.backend == "jetson":
+        l4t, model = facts.get("l4t"), facts.get("device_tree_model") or ""
+        want = str(rt.get("l4t", ""))
+        if l4t is None:
+            why.append("no /etc/nv_tegra_release: not a Jetson (L4T) system")
+        elif want and not (l4t == want or l4t.startswith(want + ".")):
+            why.append(f"L4T {l4t}, {board.name} is defined for L4T {want} (JetPack {rt.get('jetpack', '?')})")
+        words = board.name.removeprefix("jetson-").split("-")
+        if l4t is not None and not all(w.lower() in model.lower().split() for w in words):
+            why.append(f"module is {model or 'unknown'!r}, not a Jetson {' '.join(words)}")
+    elif board.backend == "coral":
+        bus = str(rt.get("device", "usb")).split(":")[0]
+        if facts.get("edgetpu", {}).get(bus, 0) < 1:
+            why.append(f"no Edge TPU on {bus.upper()} (found: {facts.get('edgetpu')})")
+    return why

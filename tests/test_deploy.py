@@ -1,0 +1,341 @@
+"""``edgehft deploy``/``status``/``rollback`` against a real sshd on 127.0.0.1 (tests/sshbox.py), with the
+box's edgehft in the board venv, and the fault matrix: each fault leaves the previous version serving with
+its files unchanged."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edgehft import runtime
+from edgehft.bundle import MANIFEST, load_bundle, sha256_file
+from edgehft.checks import check_golden
+from edgehft.cli import main
+from edgehft.deploy.deploy import deploy
+from edgehft.deploy.ssh import parse_target
+
+
+def resign(src: Path, dst: Path, mutate=None, tag: str = "") -> Path:
+    """Copy bundle ``src`` to ``dst``, let ``mutate(dst)`` change files, then re-hash the manifest (so the
+    copy verifies) with ``tag`` in its creation time (so each copy is a distinct version)."""
+    shutil.copytree(src, dst)
+    if mutate:
+        mutate(dst)
+    m = json.loads((dst / MANIFEST).read_text())
+    m["files"] = {rel: sha256_file(dst / rel) for rel in m["files"]}
+    m["created_utc"] = m["created_utc"] + tag
+    (dst / MANIFEST).write_text(json.dumps(m, indent=1))
+    load_bundle(dst, verify=True)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def bundles(deeplob_bundle, tmp_path_factory):
+    work = tmp_path_factory.mktemp("deploy-bundles")
+
+    def bad_golden(d: Path):
+        with np.load(d / "golden.npz") as z:
+            arrays = {k: z[k].copy() for k in z.files}
+        key = next(k for k in arrays if k.startswith("outputs/"))
+        arrays[key][3] = arrays[key][3] + 1         # window 3's first output off by one LSB
+        np.savez(d / "golden.npz", **arrays)
+
+    return {"v1": resign(deeplob_bundle, work / "v1", tag="v1"),
+            "v2": resign(deeplob_bundle, work / "v2", tag="v2"),
+            "bad_golden": resign(deeplob_bundle, work / "bad", bad_golden, tag="bad")}
+
+
+@pytest.fixture
+def box(ssh_box, tmp_path):
+    """(sshd, client config, an empty install dir for this test)."""
+    return ssh_box, ssh_box.config(f"ssh_config_{tmp_path.name}"), tmp_path / "install"
+
+
+def target(box, config=None, install=None):
+    sshd, cfg, root = box
+    return parse_target("box", python=sshd.python, install_dir=str(install or root), ssh_config=str(config or cfg))
+
+
+def cli(box, *args, config=None):
+    sshd, cfg, root = box
+    return CliRunner().invoke(main, [*args, "--ssh-config", str(config or cfg), "--remote-python", sshd.python,
+                                     "--install-dir", str(root)])
+
+
+def snapshot(root: Path) -> dict:
+    """Where current points, and every file of that version with its SHA-256."""
+    active = root / os.readlink(root / "current")
+    return {"current": os.readlink(root / "current"),
+            "files": {str(p.relative_to(active)): sha256_file(p) for p in sorted(active.rglob("*")) if p.is_file()}}
+
+
+def serves(root: Path) -> dict:
+    """Open the active bundle as a serving process would and run its golden vectors."""
+    with runtime.open(root / "current") as r:
+        return check_golden(r)
+
+
+def deployed(box, bundle) -> dict:
+    res = cli(box, "deploy", str(bundle), "--host", "box", "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)["results"][0]
+
+
+def test_deploy_status_rollback(box, bundles):
+    _, _, root = box
+    first = deployed(box, bundles["v1"])
+    assert first["golden"]["count"] == first["golden"]["matched"] == 16 and first["golden"]["compare"] == "exact"
+    assert first["golden"]["path"].startswith("ai-edge-litert 2.3.0")         # ran in the box's venv
+    assert set(first["seconds"]) == {"probe", "upload", "verify", "golden", "switch"}
+    second = deployed(box, bundles["v2"])
+    assert second["active_before"] == first["active_after"] and second["active_after"] != first["active_after"]
+    assert os.readlink(root / "current") == f"versions/{second['version']}"
+    assert serves(root)["ok"]
+    st = json.loads(cli(box, "status", "--host", "box", "--json").output)["status"]
+    assert st["active"] == second["version"] and st["previous"] == first["version"]
+    assert st["active_info"]["bundle_sha256"] == sha256_file(bundles["v2"] / MANIFEST)
+    assert st["active_info"]["model_sha256"] == load_bundle(bundles["v2"]).manifest.files["model.tflite"]
+    human = cli(box, "status", "--host", "box")
+    assert human.exit_code == 0 and "previous" in human.output and "ai-edge-litert 2.3.0" in human.output
+    rb = cli(box, "rollback", "--host", "box", "--json")
+    assert rb.exit_code == 0 and json.loads(rb.output) == {"active": first["version"], "previous": second["version"]}
+    assert os.readlink(root / "current") == f"versions/{first['version']}" and serves(root)["ok"]
+
+
+def test_keep_prunes_old_versions_but_never_active_or_previous(box, bundles):
+    _, _, root = box
+    vids = [deployed(box, bundles[k])["version"] for k in ("v1", "v2", "v1", "v2")]
+    res = cli(box, "deploy", str(bundles["v1"]), "--host", "box", "--keep", "2", "--json")
+    newest = json.loads(res.output)["results"][0]["version"]
+    assert sorted(p.name for p in (root / "versions").iterdir()) == sorted([vids[-1], newest])
+
+
+@pytest.fixture
+def serving_v1(box, bundles):
+    """A box serving v1; returns its snapshot."""
+    deployed(box, bundles["v1"])
+    return snapshot(box[2])
+
+
+def assert_unchanged(root: Path, before: dict) -> None:
+    assert snapshot(root) == before
+    assert serves(root)["ok"]
+
+
+def wait_no_partial(root: Path, timeout: float = 15.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p.name for p in (root / "incoming").iterdir()] if (root / "incoming").is_dir() else []
+        if not left:
+            return left
+        time.sleep(0.2)
+    return left
+
+
+def test_connection_dropped_mid_transfer(box, bundles, serving_v1):
+    sshd, _, root = box
+    dropping = sshd.config("ssh_drop", drop_after=60_000)     # the handshake fits; the 265 kB bundle does not
+    res = deploy(target(box, dropping), bundles["v2"])
+    assert not res.ok and res.step == "upload" and res.exit_code in (9, 10), res
+    assert wait_no_partial(root) == []                          # the agent removed its half transfer
+    assert_unchanged(root, serving_v1)
+
+
+def test_corrupted_file_on_box_is_caught_before_the_switch(box, bundles, serving_v1):
+    _, _, root = box
+
+    def flip_a_byte(step, tgt, ctx):
+        if step == "verify":
+            p = root / "incoming" / ctx["version"] / "model.tflite"
+            data = bytearray(p.read_bytes())
+            data[len(data) // 2] ^= 0x01
+            p.write_bytes(bytes(data))
+
+    res = deploy(target(box), bundles["v2"], on_step=flip_a_byte)
+    assert (res.ok, res.step, res.exit_code) == (False, "verify", 9)
+    assert "model.tflite changed" in res.error
+    assert not (root / "incoming" / res.version).exists()        # discarded
+    assert_unchanged(root, serving_v1)
+    assert any(h["event"] == "failed" and h["version"] == res.version for h in
+               json.loads(cli(box, "status", "--host", "box", "--json").output)["status"]["history"])
+
+
+def test_golden_mismatch_on_box_switches_nothing(box, bundles, serving_v1):
+    _, _, root = box
+    res = cli(box, "deploy", str(bundles["bad_golden"]), "--host", "box")
+    assert res.exit_code == 8, res.output
+    assert "golden vectors differ on the box: 1 of 16" in res.output
+    assert_unchanged(root, serving_v1)
+    assert wait_no_partial(root) == []
+
+
+@pytest.mark.parametrize("point", ["receive:before-rename", "activate:before-move", "activate:before-switch"])
+def test_agent_killed_before_the_switch(box, bundles, serving_v1, point):
+    sshd, _, root = box
+    res = deploy(target(box, sshd.config(f"ssh_kill_{point}", failpoints=point)), bundles["v2"])
+    assert not res.ok and res.exit_code == 9 and "without a result" in res.error
+    assert_unchanged(root, serving_v1)
+    assert not list(root.glob(".current.*")) or point == "activate:before-switch"
+    again = deployed(box, bundles["v2"])                         # the next deploy cleans up and succeeds
+    assert not list(root.glob(".current.*")) and not list((root / "incoming").glob("*.partial"))
+    assert os.readlink(root / "current") == f"versions/{again['version']}"
+    # a complete transfer killed before its switch stays visibly staged (removed after an hour), never active
+    st = json.loads(cli(box, "status", "--host", "box", "--json").output)["status"]
+    assert st["staged"] == ([res.version] if point == "activate:before-move" else []) and st["partial"] == []
+    if point == "activate:before-switch":       # moved into versions/ but never switched to
+        assert {v["version"]: v["active"] for v in st["versions"]}[res.version] is False
+
+
+def test_agent_killed_right_after_the_switch(box, bundles, serving_v1):
+    sshd, _, root = box
+    res = deploy(target(box, sshd.config("ssh_kill_after", failpoints="activate:after-switch")), bundles["v2"])
+    assert not res.ok and res.step == "switch"
+    # the switch is one rename: the box runs the new, complete, verified version
+    assert os.readlink(root / "current") == f"versions/{res.version}" and serves(root)["ok"]
+    assert sha256_file(root / "current" / MANIFEST) == sha256_file(bundles["v2"] / MANIFEST)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip()}); disk-full needs root")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full(box, bundles, tiny_disk):
+    sshd, cfg, _ = box
+    root = tiny_disk / "install"
+    tgt = target(box, install=root)
+    assert deploy(tgt, bundles["v1"]).ok
+    before = snapshot(root)
+    st = os.statvfs(tiny_disk)
+    (tiny_disk / "ballast").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - (1 << 20)))  # logs filled the disk
+    res = deploy(tgt, bundles["v2"])
+    assert (res.ok, res.step, res.exit_code) == (False, "upload", 9) and "disk full" in res.error
+    assert_unchanged(root, before)
+    assert wait_no_partial(root) == []
+
+
+def test_disk_fills_during_the_transfer(tiny_disk, deeplob_bundle):
+    """ENOSPC from the kernel in the middle of unpacking: the partial directory goes, nothing else changes."""
+    import io
+    import tarfile
+    from edgehft.deploy.store import Store
+    from edgehft.errors import DeployError
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for rel in [*load_bundle(deeplob_bundle).manifest.files, MANIFEST]:
+            tar.add(deeplob_bundle / rel, arcname=rel)
+
+    class FillsDisk(io.BytesIO):
+        """Reads like the SSH stream, while another writer on the box takes the free space."""
+        filled = False
+
+        def read(self, n=-1):
+            if not self.filled:
+                FillsDisk.filled = True
+                with open(tiny_disk / "ballast", "wb") as fh:
+                    try:
+                        while True:
+                            fh.write(b"\0" * 65536)
+                    except OSError:
+                        pass
+            return super().read(n)
+
+    store = Store(tiny_disk / "install")
+    with pytest.raises(DeployError, match="disk full on the box while receiving"):
+        store.receive("20261130T000000Z-0123456789ab", FillsDisk(buf.getvalue()), len(buf.getvalue()), {})
+    assert list((tiny_disk / "install" / "incoming").iterdir()) == []
+
+
+def test_unknown_and_changed_host_keys_are_refused(box, bundles, tmp_path):
+    sshd, _, root = box
+    empty = tmp_path / "known_hosts_empty"
+    empty.write_text("")
+    res = cli(box, "deploy", str(bundles["v1"]), "--host", "box", config=sshd.config("ssh_unknown", known_hosts=empty))
+    assert res.exit_code == 10 and "host key unknown" in res.output and "ssh-keyscan" in res.output
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    wrong = tmp_path / "known_hosts_wrong"
+    wrong.write_text(f"[127.0.0.1]:{sshd.port} " + " ".join((other.with_suffix(".pub")).read_text().split()[:2]) + "\n")
+    res = cli(box, "deploy", str(bundles["v1"]), "--host", "box", config=sshd.config("ssh_changed", known_hosts=wrong))
+    assert res.exit_code == 10 and "host key changed" in res.output
+    assert not root.exists()                                    # nothing reached the box
+    assert wrong.read_text().count("\n") == 1                   # and known_hosts was not edited
+
+
+def test_board_checks_and_force(box, bundles, tmp_path):
+    _, _, root = box
+    res = cli(box, "deploy", str(bundles["v1"]), "--host", "box", "--board", "pynq-z2")
+    assert res.exit_code == 9 and "compiled for cpu, not pynq-z2" in res.output
+    as_pynq = resign(bundles["v1"], tmp_path / "as-pynq", lambda d: None, tag="pynq")
+    m = json.loads((as_pynq / MANIFEST).read_text())
+    m["board"] = "pynq-z2"
+    (as_pynq / MANIFEST).write_text(json.dumps(m))
+    res = cli(box, "deploy", str(as_pynq), "--host", "box")
+    assert res.exit_code == 9 and "the box is not a pynq-z2: PYNQ board is not set" in res.output
+    res = cli(box, "deploy", str(as_pynq), "--host", "box", "--force")
+    assert "--force" in res.output and "FORCED" in res.output and res.exit_code == 9
+    assert "failed at golden" in res.output                      # forced through the probe, stopped by golden
+    assert not (root / "current").exists()
+
+
+def test_dry_run_changes_nothing(box, bundles, serving_v1):
+    _, _, root = box
+    res = cli(box, "deploy", str(bundles["v2"]), "--host", "box", "--dry-run")
+    assert res.exit_code == 0 and "would upload 5 files" in res.output and "would switch" in res.output
+    assert_unchanged(root, serving_v1)
+    assert not (root / "incoming").exists() or not list((root / "incoming").iterdir())
+
+
+def test_inventory_parallel_with_one_bad_host(box, bundles, tmp_path):
+    sshd, cfg, _ = box
+    inv = tmp_path / "hosts.toml"
+    inv.write_text(f"""
+[[hosts]]
+host = "box"
+install_dir = "{tmp_path}/a"
+[[hosts]]
+host = "box"
+install_dir = "{tmp_path}/b"
+[[hosts]]
+host = "nobody@127.0.0.1:1"
+""")
+    res = CliRunner().invoke(main, ["deploy", str(bundles["v1"]), "--hosts", str(inv), "--ssh-config", str(cfg),
+                                    "--remote-python", sshd.python, "--json"])
+    assert res.exit_code == 9
+    rows = json.loads(res.output)["results"]
+    assert [r["ok"] for r in rows] == [True, True, False] and rows[2]["exit_code"] == 10
+    assert (tmp_path / "a" / "current").exists() and (tmp_path / "b" / "current").exists()
+    table = CliRunner().invoke(main, ["deploy", str(bundles["v2"]), "--hosts", str(inv), "--ssh-config", str(cfg),
+                                      "--remote-python", sshd.python])
+    assert table.exit_code == 9 and "failed at probe" in table.output and table.output.count("│ ok") == 2
+
+
+def test_no_shell_injection(box, bundles, tmp_path):
+    sshd, cfg, _ = box
+    canary = tmp_path / "PWNED"
+    evil_dir = tmp_path / f"it's $(touch {canary}); touch {canary}"
+    res = CliRunner().invoke(main, ["deploy", str(bundles["v1"]), "--host", "box", "--ssh-config", str(cfg),
+                                    "--remote-python", sshd.python, "--install-dir", str(evil_dir), "--json"])
+    assert res.exit_code == 0, res.output
+    assert (evil_dir / "current" / MANIFEST).is_file() and not canary.exists()
+    for host in (f"-oProxyCommand=touch {canary}", f"box;touch {canary}", f"$(touch {canary})", "box -p 1"):
+        res = CliRunner().invoke(main, ["deploy", str(bundles["v1"]), "--host", host, "--ssh-config", str(cfg)])
+        assert res.exit_code == 3, (host, res.output)
+    assert not canary.exists()
+    named = shutil.copytree(bundles["v1"], tmp_path / "b;touch PWNED")
+    res = CliRunner().invoke(main, ["deploy", str(named), "--host", "box", "--ssh-config", str(cfg),
+                                    "--remote-python", sshd.python, "--install-dir", str(tmp_path / "i2")])
+    assert res.exit_code == 0 and not canary.exists() and not Path("PWNED").exists()
