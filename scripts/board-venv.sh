@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=.venv-board
-CHECK='import sys, pathlib, numpy, pynq, ai_edge_litert, pytest, edgehft
+CHECK='import sys, pathlib, importlib.metadata, numpy, pynq, ai_edge_litert, pytest, edgehft
+assert any(e.name == "edgehft" for e in importlib.metadata.entry_points(group="pytest11")), "HIL plugin entry point"
 assert numpy.__version__.split(".")[0] == "1", "numpy " + numpy.__version__
 assert pynq.__version__ == "4.0.0", "pynq " + pynq.__version__
 assert pathlib.Path(edgehft.__file__).resolve().parents[1] == pathlib.Path.cwd().resolve(), edgehft.__file__'

@@ -229,7 +229,13 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     if state is None or not state.settings.checks:
         return
     from _pytest.reports import CollectReport
-    parent = EdgehftChecks.from_parent(session, name="edgehft", nodeid="edgehft")
+    here = config.invocation_params.dir          # node id under the current directory: shown as edgehft::...
+    try:
+        base = here.relative_to(config.rootpath).as_posix()
+    except ValueError:
+        base = "."
+    parent = EdgehftChecks.from_parent(session, name="edgehft", path=here,
+                                       nodeid="edgehft" if base == "." else f"{base}/edgehft")
     made = [EdgehftCheck.from_parent(parent, name=c, check=c) for c in state.settings.checks]
     items[:0] = [i for i in made if i.check != "soak"]
     items.extend(i for i in made if i.check == "soak")

@@ -63,6 +63,9 @@ def headline(result: dict) -> str:
         text = (f"{len(rows)} intervals over {result['seconds']:.1f} s: p99 {p99} (drift {drift}, max "
                 f"{result['max_p99_drift']:+.0%}), RSS {_mib(result['rss_growth_bytes'])} (max "
                 f"{result['max_rss_growth_mb']:g} MiB; {timing(result)})")
+        few = min(r["calls"] for r in rows)
+        if few < 100:
+            text += f"; intervals of as few as {few} calls: their p99 is close to their maximum"
         if result["failures"]:
             text = "; ".join(result["failures"]) + " — " + text
         return text
