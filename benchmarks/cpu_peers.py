@@ -1,27 +1,32 @@
 """edgehft's cpu board against its CPU peers: one process, one pinned core, one thread, batch 1.
 
-For each model (DeepLOB on windows from the real Binance feed; a 64-512-256-128-64-1 MLP on seeded random
-windows) it compiles int8 and float bundles with edgehft, then times one call per window of:
+For each model (DeepLOB on windows from the real Binance feed; a 64-512-256-128-64-1 MLP and the STAC-ML
+LSTM_A shape, 2 x LSTM(100) over 50 x 100 + Dense(1), both with seeded random weights and windows) it
+compiles with edgehft the cpu board's chosen plan (``--quant auto``: int8, dynamic and float measured
+on this host, the fastest that passes the drift gate), the int8 plan and the float plan, then times
+one call per window of:
 
-  edgehft predict (int8 in)     runtime.open(bundle).predict on windows already quantized to int8: the
-                                same work as the raw loop; every ratio is against this row
-  edgehft predict (float in)    predict on float32 windows (input quantization inside predict)
-  edgehft predict_raw           int8 windows in, the raw int8 output out: exactly the raw loop's work
-  LiteRT raw loop int8          Interpreter(num_threads=1): set_tensor / invoke / get_tensor, same .tflite
-  LiteRT raw loop int8 + deq    the raw loop plus numpy dequantization, (q - zero_point) * scale: the
-                                same work as edgehft predict (int8 in)
-  LiteRT raw loop float         the same loop on the float bundle's .tflite
-  ONNX Runtime float            the Keras model exported to ONNX, 1 intra/inter-op thread, sequential
-  tf.function                   tf.function(model, jit_compile=False) on one window, result to numpy
+  edgehft cpu (chosen plan)     runtime.open(auto bundle).predict on float32 windows: every ratio is
+                                against this row
+  edgehft cpu (int8 plan)       predict on the --quant int8 bundle (float windows, quantized inside)
+  LiteRT raw loop int8 / float  Interpreter(num_threads=1): set_tensor / invoke / get_tensor on the
+                                int8 and float bundles' .tflite
+  ONNX Runtime float            the Keras model as ONNX (tf2onnx on the tf-keras rebuild: one ONNX LSTM
+                                node; Keras' own export as fallback), intra/inter-op threads 1, sequential,
+                                graph optimizations ORT_ENABLE_ALL
+  ONNX Runtime int8 QDQ         onnxruntime.quantization.quantize_static (QDQ, int8 activations and
+                                per-channel int8 weights, calibrated on the same windows) of that ONNX
+  tf.function                   tf.function(model) on one window, result to numpy
   Keras predict                 Keras 3 model.predict(x, verbose=0)
 
-Each call is timed with perf_counter_ns, gc off, after a warm-up (--warmup calls, at most ~2 s). A peer is
-measured for --samples calls or ~10 s, whichever is fewer, but at least 50 calls. Before timing, the raw
-int8 loop must match edgehft's predict_raw bit for bit on the first 10 windows. A peer that fails is
-reported as "failed: <reason>" and the others still run. All bundles are compiled first, before this
-process is pinned or imports TensorFlow, so the converter subprocess can use every core.
+Timing is interleaved: round r calls every peer that still has samples left once, in a rotating order,
+each call timed with perf_counter_ns, gc off, so load from other processes on a shared machine hits
+every peer alike. A peer gets --samples calls or as many as fit in --budget-s seconds of its own time
+(at least 30), after --warmup calls. Outputs are checked against the Keras model on the first 10 windows
+(max |Δ| column). A peer that fails is reported as "failed: <reason>"; the others still run. Bundles
+are compiled first, before this process is pinned or imports TensorFlow.
 
-    python benchmarks/cpu_peers.py [--models deeplob,mlp] [--samples 2000] [--warmup 200] [--out r.json]
+    python benchmarks/cpu_peers.py [--models deeplob,mlp,lstm_a] [--samples 2000] [--budget-s 3] [--out r.json]
 """
 from __future__ import annotations
 
@@ -45,15 +50,13 @@ from edgehft.bench.replay import summarize_us  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DEEPLOB = ROOT / "examples" / "deeplob"
 FEED = DEEPLOB / "data" / "btcusd_perp_20240808_depth.gz"
+MODELS = ("deeplob", "mlp", "lstm_a")
 MAX_WINDOWS = 1000        # windows cycled through while timing
 CHECK_WINDOWS = 10
-BUDGET_S = 10.0           # measured time per peer
-WARMUP_S = 2.0            # warm-up time cap per peer
-MIN_SAMPLES = 50
-EDGEHFT = "edgehft predict (int8 in)"
-EDGEHFT_RAW = "edgehft predict_raw"
-RAW_INT8 = "LiteRT raw loop int8"
-RAW_DEQ = "LiteRT raw loop int8 + deq"
+MIN_SAMPLES = 30
+EDGEHFT = "edgehft cpu (chosen plan)"
+EDGEHFT_INT8 = "edgehft cpu (int8 plan)"
+STAC_P99_US = {"A100": 35.2, "FPGA (Myrtle VOLLO)": 5.07, "GH200": 4.6}
 
 
 def prepare(name: str, build: Path) -> tuple[Path, list[Path], np.ndarray]:
@@ -64,24 +67,30 @@ def prepare(name: str, build: Path) -> tuple[Path, list[Path], np.ndarray]:
         spec.loader.exec_module(mod)
         x = mod.windows_from_feed([FEED])["x"]
         return DEEPLOB / "deeplob.keras", [FEED], np.ascontiguousarray(x[:MAX_WINDOWS, None], np.float32)
-    model = build / "mlp.keras"
-    subprocess.run([sys.executable, str(ROOT / "examples" / "mlp" / "model.py"), str(model)],
-                   check=True, capture_output=True)
-    x = np.random.default_rng(0).standard_normal((2000, 64)).astype(np.float32)
-    np.save(build / "mlp_calib.npy", x)
-    return model, [build / "mlp_calib.npy"], np.ascontiguousarray(x[:MAX_WINDOWS, None])
+    maker, shape = {"mlp": (ROOT / "examples" / "mlp" / "model.py", (64,)),
+                    "lstm_a": (ROOT / "benchmarks" / "lstm_a.py", (50, 100))}[name]
+    model = build / f"{name}.keras"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
+    subprocess.run([sys.executable, str(maker), str(model)], check=True, capture_output=True, env=env)
+    x = np.random.default_rng(0).standard_normal((2000, *shape)).astype(np.float32)
+    np.save(build / f"{name}_calib.npy", x)
+    return model, [build / f"{name}_calib.npy"], np.ascontiguousarray(x[:MAX_WINDOWS, None])
 
 
 def compile_bundles(name: str, model: Path, calib: list[Path], build: Path) -> dict:
     from edgehft.compiler.pipeline import CompileOptions, compile_model
     out = {}
-    for quant in ("int8", "float"):
+    for quant in ("auto", "int8", "float"):
         t0 = time.time()
         try:
             res = compile_model(model, calib, build / f"{name}_{quant}.bundle",
                                 CompileOptions(board="cpu", quant=quant))
             out[quant] = res.bundle.path
             note = f"; warnings: {'; '.join(res.warnings)}" if res.warnings else ""
+            if quant == "auto":
+                plan = res.report.plan
+                note += "; plans measured at compile (p50 µs): " + ", ".join(
+                    f"{m['plan']} {m['p50_us']:.1f}" for m in plan["measured"]) + f" -> {plan['chosen']}"
             print(f"  compiled {name} {quant} in {time.time() - t0:.1f} s{note}")
         except Exception as exc:  # noqa: BLE001 - reported, the other peers still run
             out[quant] = exc
@@ -99,65 +108,112 @@ def pin_all_threads(cpu: int) -> None:
             pass
 
 
-def time_peer(fn, xs: list[np.ndarray], warmup: int, samples: int) -> tuple[np.ndarray, int]:
-    """Warm up, then time ``fn(window)`` per call. Returns (latency ns int64, warm-up calls)."""
-    n, perf = len(xs), time.perf_counter_ns
+def time_interleaved(peers: dict, warmup: int, samples: int, budget_s: float) -> dict:
+    """``peers``: name -> (fn, inputs). Warm each up, size its sample count to ``budget_s`` of its own time,
+    then time them interleaved (one call per peer per round, rotating order). Returns name -> latency ns."""
+    perf = time.perf_counter_ns
+    counts, lat = {}, {}
     gc.collect()
     gc.disable()
     try:
-        t0, k = perf(), 0
-        while k < max(warmup, 1) and (k < 5 or perf() - t0 < WARMUP_S * 1e9):
-            fn(xs[k % n])
-            k += 1
-        per_call = (perf() - t0) / k
-        count = min(samples, max(MIN_SAMPLES, int(BUDGET_S * 1e9 / per_call)))
-        lat = np.empty(count, dtype=np.int64)
-        for i in range(count):
-            x = xs[(k + i) % n]
-            t1 = perf()
-            fn(x)
-            lat[i] = perf() - t1
+        for name, (fn, xs) in peers.items():
+            t0, k = perf(), 0
+            while k < max(warmup, 3) and (k < 3 or perf() - t0 < 1e9):
+                fn(xs[k % len(xs)])
+                k += 1
+            per_call = (perf() - t0) / k
+            counts[name] = max(MIN_SAMPLES, min(samples, int(budget_s * 1e9 / per_call)))
+            lat[name] = np.empty(counts[name], np.int64)
+        order = list(peers.items())
+        for r in range(max(counts.values())):
+            shift = r % len(order)
+            for name, (fn, xs) in order[shift:] + order[:shift]:
+                if r < counts[name]:
+                    x = xs[r % len(xs)]
+                    t0 = perf()
+                    fn(x)
+                    lat[name][r] = perf() - t0
     finally:
         gc.enable()
-    return lat, k
+    return lat
 
 
 def raw_loop(model_path: Path):
     from ai_edge_litert.interpreter import Interpreter
     interp = Interpreter(model_path=str(model_path), num_threads=1)
     interp.allocate_tensors()
-    i, o = interp.get_input_details()[0]["index"], interp.get_output_details()[0]["index"]
+    i, o = interp.get_input_details()[0], interp.get_output_details()[0]
+    idx, odx = i["index"], o["index"]
+    if i["dtype"] == np.int8:                   # the raw loop quantizes like any LiteRT user would
+        s, zp = i["quantization"]
+        so, zo = o["quantization"]
 
-    def run(x):
-        interp.set_tensor(i, x)
+        def run(x):
+            interp.set_tensor(idx, np.clip(np.round(x / s) + zp, -128, 127).astype(np.int8))
+            interp.invoke()
+            return (interp.get_tensor(odx).astype(np.float32) - zo) * so
+        return run
+
+    def run_float(x):
+        interp.set_tensor(idx, x)
         interp.invoke()
-        return interp.get_tensor(o)
-    return run
+        return interp.get_tensor(odx)
+    return run_float
 
 
-def onnx_session(model, x0: np.ndarray, path: Path):
-    """Export the Keras model to ONNX (Keras 3 export, else tf2onnx on the tf-keras rebuild)."""
-    import onnxruntime as ort
+def onnx_export(model, x0: np.ndarray, path: Path) -> str:
+    """The Keras model as ONNX: tf2onnx on the tf-keras rebuild (fused LSTM -> one ONNX LSTM node), else
+    Keras 3's own export (LSTM as an ONNX Loop)."""
     try:
-        model(x0)                               # Keras' ONNX export wants a model that has been called
-        model.export(str(path), format="onnx", verbose=False)
-        route = "keras export"
-    except Exception as exc:  # noqa: BLE001
-        print(f"  keras ONNX export failed ({type(exc).__name__}: {exc}); trying tf2onnx on tf-keras")
         import tensorflow as tf
         import tf2onnx
         import tf_keras  # noqa: F401 - keras3_to_tf_keras needs it
+        del tf_keras
         from edgehft.compiler.lowering import keras3_to_tf_keras
         sig = (tf.TensorSpec(x0.shape, tf.float32, name="x"),)
         tf2onnx.convert.from_keras(keras3_to_tf_keras(model), input_signature=sig, opset=17,
                                    output_path=str(path))
-        route = "tf2onnx"
+        return "tf2onnx on the tf-keras rebuild"
+    except Exception as exc:  # noqa: BLE001
+        print(f"  tf2onnx failed ({type(exc).__name__}: {exc}); trying Keras' ONNX export")
+        model(x0)
+        model.export(str(path), format="onnx", verbose=False)
+        return "keras export"
+
+
+def ort_session(path: Path):
+    import onnxruntime as ort
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     iname, oname = sess.get_inputs()[0].name, sess.get_outputs()[0].name
-    return (lambda x: sess.run([oname], {iname: x})[0]), route
+    return lambda x: sess.run([oname], {iname: x})[0]
+
+
+def ort_qdq(float_path: Path, calib: np.ndarray, out: Path) -> Path:
+    """ONNX Runtime's own static int8 quantization (QDQ, per-channel weights) calibrated on ``calib``."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quant_pre_process,
+                                          quantize_static)
+    name = onnx.load(str(float_path)).graph.input[0].name
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(calib)
+
+        def get_next(self):
+            x = next(self.it, None)
+            return None if x is None else {name: x}
+    pre = out.with_suffix(".pre.onnx")
+    try:
+        quant_pre_process(str(float_path), str(pre))
+    except Exception:  # noqa: BLE001 - pre-processing is advice, not required
+        pre = float_path
+    quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    return out
 
 
 def bench_model(name: str, args, build: Path, cpu: int, model_path: Path, x: np.ndarray,
@@ -170,134 +226,108 @@ def bench_model(name: str, args, build: Path, cpu: int, model_path: Path, x: np.
     result: dict = {"windows": len(x), "bundles": {q: str(b) for q, b in bundles.items()}, "peers": []}
     keras_model = keras.models.load_model(model_path, compile=False)
     ref = np.asarray(keras_model(x[:CHECK_WINDOWS, 0]))
-    state: dict = {}
+    onnx_path = build / f"{name}.onnx"
 
-    def edgehft_runner():
-        if "runner" not in state:
-            if isinstance(bundles["int8"], Exception):
-                raise RuntimeError(f"int8 compile failed: {bundles['int8']}")
-            r = runtime.open(bundles["int8"], threads=1)
-            xq = []
-            for w in xs:                      # the runner's own quantization, so the work equals raw's
-                r.inputs[0].write(w)
-                xq.append(r.inputs[0].dest.copy().reshape(w.shape))
-            state["runner"], state["xq"] = r, xq
-        return state["runner"], state["xq"]
-
-    def bundle_tflite(quant):
+    def bundle(quant):
         if isinstance(bundles[quant], Exception):
             raise RuntimeError(f"{quant} compile failed: {bundles[quant]}")
-        return Path(bundles[quant]) / "model.tflite"
+        return bundles[quant]
 
-    def p_edgehft_int8():
-        r, xq = edgehft_runner()
-        return r.predict, xq, True
+    def p_edgehft(quant):
+        def make():
+            r = runtime.open(bundle(quant), threads=1)
+            if quant == "auto":
+                plan = r.bundle.report().get("plan", {})
+                result["chosen_plan"] = plan.get("chosen")
+                result["plans_at_compile"] = plan.get("measured")
+            return r.predict
+        return make
 
-    def p_edgehft_float():
-        r, _ = edgehft_runner()
-        return r.predict, xs, True
-
-    def p_raw_int8():
-        r, xq = edgehft_runner()
-        run = raw_loop(bundle_tflite("int8"))
-        for i in range(CHECK_WINDOWS):
-            want = np.array(r.predict_raw(xq[i]))
-            got = run(xq[i])
-            assert got.dtype == want.dtype and np.array_equal(got, want), f"window {i}: {got} != {want}"
-        print(f"  check: raw LiteRT int8 output == edgehft predict_raw, bit-exact on {CHECK_WINDOWS} windows: OK")
-        result["bit_exact_check"] = "OK"
-        return run, xq, False
-
-    def p_edgehft_raw():
-        r, xq = edgehft_runner()
-        return r.predict_raw, xq, False
-
-    def p_raw_deq():
-        r, xq = edgehft_runner()
-        run = raw_loop(bundle_tflite("int8"))
-        o = r.bundle.manifest.outputs[0]
-        scale, zp = np.float32(o.scale[0]), np.float32(o.zero_point[0])
-        return (lambda w: (run(w).astype(np.float32) - zp) * scale), xq, True
-
-    def p_raw_float():
-        return raw_loop(bundle_tflite("float")), xs, True
+    def p_raw(quant):
+        return lambda: raw_loop(Path(bundle(quant)) / "model.tflite")
 
     def p_onnx():
-        fn, route = onnx_session(keras_model, xs[0], build / f"{name}.onnx")
-        result["onnx_route"] = route
-        return fn, xs, True
+        result["onnx_route"] = onnx_export(keras_model, xs[0], onnx_path)
+        return ort_session(onnx_path)
+
+    def p_onnx_qdq():
+        if not onnx_path.exists():
+            raise RuntimeError("no float ONNX model")
+        return ort_session(ort_qdq(onnx_path, x[:200], build / f"{name}.qdq.onnx"))
 
     def p_tf_function():
         f = tf.function(lambda t: keras_model(t, training=False), jit_compile=False)
-        return (lambda w: f(w).numpy()), xs, True
+        return lambda w: f(w).numpy()
 
     def p_keras_predict():
-        return (lambda w: keras_model.predict(w, verbose=0)), xs, True
+        return lambda w: keras_model.predict(w, verbose=0)
 
-    peers = [(EDGEHFT, p_edgehft_int8), ("edgehft predict (float in)", p_edgehft_float),
-             (EDGEHFT_RAW, p_edgehft_raw), (RAW_INT8, p_raw_int8), (RAW_DEQ, p_raw_deq),
-             ("LiteRT raw loop float", p_raw_float),
-             ("ONNX Runtime float", p_onnx), ("tf.function", p_tf_function),
-             ("Keras predict", p_keras_predict)]
-    for peer, make in peers:
+    makers = [(EDGEHFT, p_edgehft("auto")), (EDGEHFT_INT8, p_edgehft("int8")),
+              ("LiteRT int8 (raw loop)", p_raw("int8")), ("LiteRT float (raw loop)", p_raw("float")),
+              ("ONNX Runtime float", p_onnx), ("ONNX Runtime int8 QDQ", p_onnx_qdq),
+              ("tf.function", p_tf_function), ("Keras predict", p_keras_predict)]
+    peers, rows = {}, {}
+    for peer, make in makers:
         row: dict = {"peer": peer}
         try:
-            fn, inputs, float_out = make()
-            if float_out:  # agreement with the Keras float model on the first windows
-                got = np.concatenate([np.array(fn(inputs[i])).reshape(1, -1) for i in range(CHECK_WINDOWS)])
-                row["max_abs_diff_vs_keras"] = float(np.abs(got - ref.reshape(len(ref), -1)).max())
-            pin_all_threads(cpu)  # threads the peer started
-            lat, warm = time_peer(fn, inputs, args.warmup, args.samples)
-            row.update(status="ok", samples=len(lat), warmup=warm, latency_us=summarize_us(lat))
+            fn = make()
+            got = np.concatenate([np.array(fn(xs[i]), np.float32).reshape(1, -1) for i in range(CHECK_WINDOWS)])
+            row["max_abs_diff_vs_keras"] = float(np.abs(got - ref.reshape(len(ref), -1)).max())
+            peers[peer] = (fn, xs)
+            row["status"] = "ok"
         except Exception as exc:  # noqa: BLE001 - one failing peer must not stop the others
-            row.update(status=f"failed: {type(exc).__name__}: {exc}".splitlines()[0][:300])
-        print(f"  {peer}: {row['status']}")
-        result["peers"].append(row)
-    if "runner" in state:
-        state["runner"].close()
-    by = {r["peer"]: r for r in result["peers"] if r["status"] == "ok"}
-    base = by.get(EDGEHFT, {}).get("latency_us", {}).get("p50")
+            row["status"] = f"failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+            print(f"  {peer}: {row['status']}")
+        rows[peer] = row
+    pin_all_threads(cpu)  # threads the peers started
+    lat = time_interleaved(peers, args.warmup, args.samples, args.budget_s)
+    for peer, ns in lat.items():
+        rows[peer].update(samples=len(ns), latency_us=summarize_us(ns))
+    result["peers"] = list(rows.values())
+    base = rows[EDGEHFT].get("latency_us") if EDGEHFT in rows else None
     for r in result["peers"]:
-        if base and r["status"] == "ok":
-            r["ratio_p50"] = r["latency_us"]["p50"] / base
-    def pct(a, b):
-        if a in by and b in by:
-            return 100.0 * (by[a]["latency_us"]["p50"] / by[b]["latency_us"]["p50"] - 1.0)
-        return None
-    result["edgehft_vs_raw_p50_pct"] = {"predict vs raw loop + dequantize": pct(EDGEHFT, RAW_DEQ),
-                                        "predict_raw vs raw loop": pct(EDGEHFT_RAW, RAW_INT8)}
+        if base and "latency_us" in r:
+            r["ratio_p50"] = r["latency_us"]["p50"] / base["p50"]
+            r["ratio_p99"] = r["latency_us"]["p99"] / base["p99"]
+            r["p99_over_p50"] = r["latency_us"]["p99"] / r["latency_us"]["p50"]
     return result
 
 
 def print_table(console, name: str, res: dict) -> None:
     from rich.table import Table
-    t = Table(title=f"{name}: batch 1, one thread, pinned", title_justify="left")
-    for col in ("peer", "p50 µs", "p99 µs", "p99.9 µs", "samples", "ratio p50", "max|Δ| vs Keras"):
+    plan = f", chosen plan: {res['chosen_plan']}" if res.get("chosen_plan") else ""
+    t = Table(title=f"{name}: batch 1, one thread, pinned, interleaved{plan} (ratio = peer / edgehft chosen plan; "
+                    "> 1: edgehft faster)", title_justify="left")
+    for col in ("peer", "p50 µs", "p99 µs", "p99.9 µs", "p99/p50", "samples", "ratio p50", "ratio p99",
+                "max|Δ| vs Keras"):
         t.add_column(col, justify="left" if col == "peer" else "right", no_wrap=True)
     for r in res["peers"]:
-        if r["status"] != "ok":
-            t.add_row(r["peer"], f"[red]{r['status']}[/red]", "", "", "", "", "")
+        if "latency_us" not in r:
+            t.add_row(r["peer"], f"[red]{r['status']}[/red]", *[""] * 7)
             continue
         u, d = r["latency_us"], r.get("max_abs_diff_vs_keras")
-        t.add_row(r["peer"], f"{u['p50']:,.1f}", f"{u['p99']:,.1f}", f"{u['p99.9']:,.1f}", str(r["samples"]),
-                  f"{r['ratio_p50']:.2f}x" if "ratio_p50" in r else "-", "-" if d is None else f"{d:.2g}")
+        t.add_row(r["peer"], f"{u['p50']:,.1f}", f"{u['p99']:,.1f}", f"{u['p99.9']:,.1f}",
+                  f"{r.get('p99_over_p50', 0):.2f}", str(r["samples"]),
+                  f"{r['ratio_p50']:.2f}x" if "ratio_p50" in r else "-",
+                  f"{r['ratio_p99']:.2f}x" if "ratio_p99" in r else "-", "-" if d is None else f"{d:.2g}")
     console.print(t)
-    for what, pct in res.get("edgehft_vs_raw_p50_pct", {}).items():
-        console.print(f"edgehft vs raw interpreter at p50 ({what}): "
-                      + (f"{pct:+.1f} % (target: within +5 %)" if pct is not None else "n/a (a row failed)"))
+    if name == "lstm_a":
+        console.print("STAC-ML LSTM_A audited p99 records: "
+                      + ", ".join(f"{k} {v} µs" for k, v in STAC_P99_US.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="deeplob,mlp", help="comma-separated: deeplob, mlp")
-    ap.add_argument("--samples", type=int, default=2000, help="timed calls per peer (capped at ~10 s)")
-    ap.add_argument("--warmup", type=int, default=200, help="warm-up calls per peer (capped at ~2 s)")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated: {', '.join(MODELS)}")
+    ap.add_argument("--samples", type=int, default=2000, help="timed calls per peer at most")
+    ap.add_argument("--budget-s", type=float, default=3.0, help="timed seconds per peer at most (min 30 calls)")
+    ap.add_argument("--warmup", type=int, default=100, help="warm-up calls per peer (capped at ~1 s)")
     ap.add_argument("--out", type=Path, help="write all figures as JSON here")
     ap.add_argument("--build-dir", type=Path, help="keep models/bundles here (default: a temp dir)")
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if not models or set(models) - {"deeplob", "mlp"}:
-        ap.error(f"--models: choose from deeplob, mlp (got {args.models!r})")
+    if not models or set(models) - set(MODELS):
+        ap.error(f"--models: choose from {', '.join(MODELS)} (got {args.models!r})")
     started = time.time()
     cpu = max(os.sched_getaffinity(0))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -306,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     console = Console()
     if not console.is_terminal:          # piped to a file: do not squeeze the tables into 80 columns
-        console = Console(width=110)
+        console = Console(width=150)
     tmp = None if args.build_dir else tempfile.TemporaryDirectory(prefix="edgehft-peers-")
     build = args.build_dir or Path(tmp.name)
     build.mkdir(parents=True, exist_ok=True)
@@ -335,10 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     fp = machine_fingerprint()
     from importlib.metadata import version
     fp["libraries"].update({p: version(p) for p in ("tensorflow", "keras", "onnxruntime", "tf2onnx")})
+    load = os.getloadavg()
     console.print("\n[bold]machine[/bold]", fp)
+    console.print(f"load average during the run (1/5/15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     for name, res in results["models"].items():
         print_table(console, name, res)
-    results.update(fingerprint=fp, args={k: str(v) for k, v in vars(args).items()},
+    results.update(fingerprint=fp, loadavg=load, args={k: str(v) for k, v in vars(args).items()},
                    pinned_cpu=cpu, wall_s=round(time.time() - started, 1))
     console.print(f"run took {results['wall_s']:.0f} s")
     if args.out:

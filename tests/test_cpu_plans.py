@@ -121,3 +121,20 @@ def test_auto_is_for_the_cpu_board_only(tmp_path):
     res = CliRunner().invoke(main, ["compile", str(DEEPLOB / "deeplob.keras"), "--board", "coral-usb",
                                     "--quant", "auto", "--calib", str(FEED_DAY1), "--out", str(tmp_path / "b")])
     assert res.exit_code == 3 and "for the cpu board" in " ".join(res.output.split())
+
+
+def test_float_plan_fast_path_agrees_with_the_checked_path(mlp_auto, mlp):
+    from edgehft.errors import NonFiniteInputError
+    from edgehft.runtime.base import Runner
+    x = np.load(mlp / "x.npy")[:5]
+    with runtime.open(mlp_auto) as r:
+        if r.inputs[0].dtype != np.float32:
+            pytest.skip(f"the chosen plan here takes {r.inputs[0].dtype} windows")
+        assert "predict" in r.__dict__                     # the float fast path is bound
+        checked = Runner.predict.__get__(r)
+        for w in x:
+            assert np.array_equal(r.predict(w).copy(), checked(w).copy())
+        bad = x[0].copy()
+        bad[3] = np.inf
+        with pytest.raises(NonFiniteInputError, match=r"first at index \(3,\)"):
+            r.predict(bad)
