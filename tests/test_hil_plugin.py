@@ -173,3 +173,10 @@ def test_emulated_pynq_z2_in_the_board_venv(tmp_path):
     assert rep["checks"]["golden"]["ok"] is True and rep["checks"]["golden"]["matched"] == n
     lat = rep["checks"]["latency"]
     assert lat["ok"] is None and lat["not_judged"].startswith("EMULATED") and lat["samples"] == 20
+
+
+def test_help_lists_the_options(hil):
+    r = hil("--help")
+    assert r.ret == 0, r.stderr.str()
+    r.stdout.fnmatch_lines(["edgehft hardware-in-the-loop checks:", "*--edgehft-board=B*",
+                            "*--edgehft-soak-max-drift=FRACTION*"])

@@ -40,7 +40,7 @@ def add_options(parser) -> None:
         help=f"soak intervals (default {_checks.SOAK_INTERVALS})")
     add("--edgehft-soak-max-drift", type=float, default=_checks.SOAK_MAX_P99_DRIFT, metavar="FRACTION",
         help=f"fail when the last interval's p99 exceeds the first's by more than this "
-             f"(default {_checks.SOAK_MAX_P99_DRIFT:g} = +{_checks.SOAK_MAX_P99_DRIFT:.0%})")
+             f"(default {_checks.SOAK_MAX_P99_DRIFT:g} = +{_checks.SOAK_MAX_P99_DRIFT * 100:g} %%)")
     add("--edgehft-soak-max-growth-mb", type=float, default=_checks.SOAK_MAX_RSS_GROWTH_MB, metavar="MIB",
         help=f"fail when resident memory grows more than this from the first interval to the last "
              f"(default {_checks.SOAK_MAX_RSS_GROWTH_MB:g} MiB)")
