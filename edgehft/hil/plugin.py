@@ -39,11 +39,13 @@ class _State:
         return self.target
 
     def close(self) -> None:
-        if self.target is not None:
+        if self.target is not None:                 # a remote target may have neither method
+            describe, close = getattr(self.target, "describe", None), getattr(self.target, "close", None)
             try:
-                self.described = self.target.describe()
+                self.described = describe() if describe else {}
             finally:
-                self.target.close()
+                if close:
+                    close()
 
 
 _STATE = pytest.StashKey[_State]()
