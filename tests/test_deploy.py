@@ -339,3 +339,20 @@ def test_no_shell_injection(box, bundles, tmp_path):
     res = CliRunner().invoke(main, ["deploy", str(named), "--host", "box", "--ssh-config", str(cfg),
                                     "--remote-python", sshd.python, "--install-dir", str(tmp_path / "i2")])
     assert res.exit_code == 0 and not canary.exists() and not Path("PWNED").exists()
+
+
+def test_remote_hil_checks_run_on_the_box(box, bundles):
+    from edgehft.deploy.remote import RemoteTarget
+    from edgehft.errors import DeployError
+    sshd, cfg, root = box
+    rt = RemoteTarget("box", "cpu", ssh_config=str(cfg), remote_python=sshd.python, install_dir=str(root))
+    with pytest.raises(DeployError, match="no active bundle"):
+        rt.golden()
+    v = deployed(box, bundles["v1"])["version"]
+    g = rt.golden()
+    assert (g["ok"], g["count"], g["matched"], g["bundle"]) == (True, 16, 16, str(root / "versions" / v))
+    lat = rt.latency(samples=50, warmup=5, budget_p99=1e9, budget_p999=1e9)
+    assert lat["ok"] is True and lat["samples"] == 50 and lat["host"] == "box"
+    assert lat["source"]["kind"] == "calibration-feed" and lat["mode"] == "recorded"   # same machine: the feed is there
+    slow = rt.latency(samples=20, warmup=0, budget_p99=0.001)
+    assert slow["ok"] is False and slow["verdicts"]["p99"]["ok"] is False

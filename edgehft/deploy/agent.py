@@ -12,7 +12,9 @@ status 1. Commands:
     rollback [--to V]            switch back (to the previous version by default)
     discard --version V --reason TEXT           drop a staged version that failed a check
     status                       what the box runs and keeps
-    hil CHECK --board B [--options JSON]        a HIL check (edgehft.hil.checks) on the active bundle
+    hil CHECK --board B [--options JSON] [--bundle DIR] [--emulate]
+                                 a HIL check (edgehft.hil.checks: golden, latency, soak) on the box's
+                                 active bundle (or DIR), in the agent's process
 
 A hang-up (the SSH connection dropped) or SIGTERM raises inside the agent, so a transfer in progress is
 removed before it exits; a SIGKILL leaves at most an ``incoming/*.partial`` directory, removed by the next
@@ -57,13 +59,17 @@ def _golden(store, args) -> dict:
 
 
 def _hil(store, args) -> dict:
+    from edgehft import runtime
     from edgehft.hil import checks
-    if store.active() is None:
-        raise EdgeHFTError("no active bundle on the box", hint="edgehft deploy one first")
-    fn = getattr(checks, f"remote_{args.check}", None)
+    fn = {"golden": checks.golden, "latency": checks.latency, "soak": checks.soak}.get(args.check)
     if fn is None:
-        raise EdgeHFTError(f"unknown HIL check {args.check!r}")
-    return fn(str(store.current), args.board, **json.loads(args.options or "{}"))
+        raise EdgeHFTError(f"unknown HIL check {args.check!r}", hint="golden, latency or soak")
+    path = args.bundle or str(store.current.resolve())
+    if not args.bundle and store.active() is None:
+        raise EdgeHFTError(f"no active bundle in {store.root}", hint="edgehft deploy one first, or pass a bundle")
+    opts = {"emulate": True} if args.emulate else {}
+    with runtime.open(path, args.board, **opts) as r:
+        return fn(r, **json.loads(args.options or "{}"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--to")
     p.add_argument("--reason", default="")
     p.add_argument("--options")
+    p.add_argument("--bundle")
     args = p.parse_args(argv)
     signal.signal(signal.SIGHUP, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)

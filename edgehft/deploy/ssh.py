@@ -125,8 +125,8 @@ def ssh_argv(target: SshTarget, remote_argv: list[str]) -> list[str]:
 
 
 def agent_argv(target: SshTarget, command: str, *args: str) -> list[str]:
-    """``<python> -m edgehft.deploy.agent <command> --root <install_dir> <args>`` for the box."""
-    return [target.python, "-m", "edgehft.deploy.agent", command, "--root", target.install_dir, *args]
+    """``<python> -m edgehft.deploy.agent <command> <args> --root <install_dir>`` for the box."""
+    return [target.python, "-m", "edgehft.deploy.agent", command, *args, "--root", target.install_dir]
 
 
 def classify_ssh_failure(target: SshTarget, stderr: str) -> RemoteError:
