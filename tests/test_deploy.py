@@ -356,3 +356,20 @@ def test_remote_hil_checks_run_on_the_box(box, bundles):
     assert lat["source"]["kind"] == "calibration-feed" and lat["mode"] == "recorded"   # same machine: the feed is there
     slow = rt.latency(samples=20, warmup=0, budget_p99=0.001)
     assert slow["ok"] is False and slow["verdicts"]["p99"]["ok"] is False
+
+
+def test_hil_plugin_against_the_box(box, bundles, tmp_path):
+    """``pytest --edgehft-board cpu --edgehft-host box``: the plugin's checks run on the box's active bundle."""
+    sshd, cfg, root = box
+    v = deployed(box, bundles["v1"])["version"]
+    out = tmp_path / "hil.json"
+    r = subprocess.run([os.sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--edgehft-board=cpu",
+                        "--edgehft-host=box", f"--edgehft-ssh-config={cfg}", f"--edgehft-remote-python={sshd.python}",
+                        f"--edgehft-install-dir={root}", "--edgehft-samples=50", "--edgehft-warmup=5",
+                        "--edgehft-budget-p99=1e9", "--edgehft-budget-p999=1e9", f"--edgehft-json={out}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "300"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    g, lat = rep["checks"]["golden"], rep["checks"]["latency"]
+    assert (g["ok"], g["matched"], g["count"], g["bundle"], g["host"]) == (True, 16, 16, str(root / "versions" / v), "box")
+    assert lat["ok"] is True and lat["samples"] == 50

@@ -12,7 +12,6 @@ import pytest
 
 from conftest import DEEPLOB, FEED_DAY1, ROOT
 from edgehft.bundle import sha256_file
-from edgehft.hil.target import remote_target_class
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow
@@ -138,9 +137,8 @@ def test_usage_errors(hil, deeplob_bundle):
               "--edgehft-checks: unknown check(s) speed"),
              (["--edgehft-board=cpu", f"--edgehft-bundle={deeplob_bundle}", "--edgehft-soak=0"],
               "--edgehft-soak 0.0: give a duration in minutes > 0")]
-    if remote_target_class() is None:
-        cases.append((["--edgehft-board=cpu", "--edgehft-host=edgehft@box"],
-                      "remote targets need edgehft.deploy (not yet available)"))
+    cases.append((["--edgehft-board=cpu", "--edgehft-host=edgehft@box", f"--edgehft-bundle={deeplob_bundle}"],
+                  "--edgehft-host runs the checks on the box's active bundle"))
     for args, message in cases:
         r = hil(*args)
         assert r.ret == pytest.ExitCode.USAGE_ERROR, (args, r.stderr.str())

@@ -7,7 +7,7 @@ import pytest
 
 from edgehft.errors import EdgeHFTError
 from edgehft.hil import checks as _checks
-from edgehft.hil.target import Settings, remote_target_class
+from edgehft.hil.target import Settings
 
 CHECKS = ("golden", "latency", "soak")
 
@@ -48,6 +48,8 @@ def add_options(parser) -> None:
     add("--edgehft-ssh-config", metavar="FILE", help="remote: OpenSSH config file (default the user's)")
     add("--edgehft-remote-python", metavar="PATH", help="remote: the box's python with edgehft")
     add("--edgehft-remote-bundle", metavar="DIR", help="remote: bundle directory on the box (default: active)")
+    add("--edgehft-install-dir", metavar="DIR",
+        help="remote: edgehft deploy's install directory on the box (default: the board file's [ssh] install_dir)")
 
 
 def settings_from(config) -> Settings | None:
@@ -55,7 +57,7 @@ def settings_from(config) -> Settings | None:
 
     Raises:
         pytest.UsageError: an option without ``--edgehft-board``, unknown board, no or bad bundle, a bundle
-            for another board, values out of range, ``--edgehft-host`` without ``edgehft.deploy.remote``.
+            for another board, values out of range, ``--edgehft-host`` with a local ``--edgehft-bundle``.
     """
     o = config.getoption
     board = o("edgehft_board")
@@ -96,9 +98,9 @@ def settings_from(config) -> Settings | None:
         except ValueError:
             raise pytest.UsageError(f"--edgehft-affinity {o('edgehft_affinity')!r}: give CPU ids, e.g. 1 or 0,1") from None
     host, bundle = o("edgehft_host"), o("edgehft_bundle")
-    if host and remote_target_class() is None:
-        raise pytest.UsageError("remote targets need edgehft.deploy (not yet available); drop --edgehft-host to "
-                                "run the checks on this machine")
+    if host and bundle:
+        raise pytest.UsageError("--edgehft-host runs the checks on the box's active bundle (`edgehft deploy` it "
+                                "first) or --edgehft-remote-bundle DIR on the box; drop --edgehft-bundle")
     if not host:
         if not bundle:
             raise pytest.UsageError(f"--edgehft-board {board} needs --edgehft-bundle DIR (the bundle to test, from "
@@ -112,7 +114,8 @@ def settings_from(config) -> Settings | None:
                     soak_intervals=o("edgehft_soak_intervals"), soak_max_p99_drift=o("edgehft_soak_max_drift"),
                     soak_max_rss_growth_mb=o("edgehft_soak_max_growth_mb"), checks=names,
                     json_path=o("edgehft_json"), ssh_config=o("edgehft_ssh_config"),
-                    remote_python=o("edgehft_remote_python"), remote_bundle=o("edgehft_remote_bundle"))
+                    remote_python=o("edgehft_remote_python"), remote_bundle=o("edgehft_remote_bundle"),
+                    install_dir=o("edgehft_install_dir"))
 
 
 def _check_bundle(bundle: str, board: str) -> None:

@@ -38,6 +38,7 @@ class Settings:
     ssh_config: str | None = None
     remote_python: str | None = None
     remote_bundle: str | None = None
+    install_dir: str | None = None
 
     def latency_options(self) -> dict:
         """Keyword arguments of ``target.latency`` (plain values: they travel to a box as they are)."""
@@ -101,27 +102,15 @@ class LocalTarget:
             self._runner = None
 
 
-def remote_target_class():
-    """``edgehft.deploy.remote.RemoteTarget``, or None where this edgehft does not have it yet."""
-    try:
-        from edgehft.deploy.remote import RemoteTarget
-    except ImportError:
-        return None
-    return RemoteTarget
-
-
 def make_target(s: Settings):
-    """A :class:`LocalTarget`, or with ``s.host`` a ``RemoteTarget`` (``edgehft.deploy.remote``).
+    """A :class:`LocalTarget`, or with ``s.host`` a :class:`edgehft.deploy.remote.RemoteTarget` (the checks
+    run on the box, over SSH, on its active bundle or ``s.remote_bundle``).
 
     Raises:
-        BoardUnavailableError: ``s.host`` given and ``edgehft.deploy.remote`` cannot be imported.
+        InputError: ``s.host`` is not ``user@host[:port]``.
     """
     if s.host:
-        cls = remote_target_class()
-        if cls is None:
-            from edgehft.errors import BoardUnavailableError
-            raise BoardUnavailableError("remote targets need edgehft.deploy (not yet available)",
-                                        hint="drop --edgehft-host to run the checks on this machine")
-        return cls(s.host, s.board, bundle_dir_on_box=s.remote_bundle, ssh_config=s.ssh_config,
-                   remote_python=s.remote_python)
+        from edgehft.deploy.remote import RemoteTarget
+        return RemoteTarget(s.host, s.board, bundle_dir_on_box=s.remote_bundle, ssh_config=s.ssh_config,
+                            remote_python=s.remote_python, install_dir=s.install_dir, emulate=s.emulate)
     return LocalTarget(s.board, s.bundle, emulate=s.emulate, threads=s.threads, affinity=s.affinity)
