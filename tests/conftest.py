@@ -42,10 +42,11 @@ def mlp(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def deeplob_bundle(tmp_path_factory) -> Path:
-    """The shipped DeepLOB compiled for the cpu board (int8), calibrated on the shipped real feed."""
+    """The shipped DeepLOB compiled for the cpu board as full int8 (bit-exact golden vectors; the board's
+    default plan is ``auto``), calibrated on the shipped real feed."""
     from edgehft.compiler.pipeline import CompileOptions, compile_model
     out = tmp_path_factory.mktemp("bundles") / "deeplob.cpu"
-    compile_model(DEEPLOB / "deeplob.keras", [FEED_DAY1], out, CompileOptions(board="cpu"))
+    compile_model(DEEPLOB / "deeplob.keras", [FEED_DAY1], out, CompileOptions(board="cpu", quant="int8"))
     return out
 
 

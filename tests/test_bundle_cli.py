@@ -75,7 +75,7 @@ def test_boards_json_and_unknown_board():
     res = r.invoke(main, ["boards", "--json"])
     assert res.exit_code == 0
     cpu = next(b for b in json.loads(res.output) if b["name"] == "cpu")
-    assert cpu["default_quantization"] == "int8" and cpu["backend"] == "cpu"
+    assert cpu["default_quantization"] == "auto" and cpu["backend"] == "cpu"
     res = r.invoke(main, ["compile", str(DEEPLOB / "deeplob.keras"), "--board", "nope", "--calib",
                           str(FEED_DAY1), "--out", "x"])
     assert res.exit_code == 3 and "unknown board 'nope'" in res.output and "known boards: coral-devboard, coral-m2, coral-pcie, coral-usb, cpu, jetson-agx-orin, jetson-orin-nano, jetson-orin-nx, jetson-xavier-nx, kv260, pynq-z2, ultra96, zcu104" in " ".join(res.output.split())

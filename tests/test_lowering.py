@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 def _compile(models, name, tmp_path, calib="calib.npy", **kw):
-    opts = CompileOptions(board="cpu", calib_windows=48, drift_windows=48, **kw)
+    opts = CompileOptions(board="cpu", calib_windows=48, drift_windows=48, **{"quant": "int8", **kw})
     return compile_model(models / name, [models / calib], tmp_path / name.replace(".", "_"), opts)
 
 
