@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from edgehft import __version__
@@ -25,9 +26,9 @@ def _fail(exc: EdgeHFTError, as_json: bool) -> None:
         click.echo(json.dumps({"error": exc.args[0] if exc.args else str(exc), "type": type(exc).__name__,
                                "hint": exc.hint, "exit_code": exc.exit_code}))
     else:
-        err.print(f"[bold red]error:[/] {exc.args[0] if exc.args else exc}", highlight=False, markup=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc.args[0] if exc.args else exc))}", highlight=False)
         if exc.hint:
-            err.print(f"  [yellow]hint:[/] {exc.hint}", highlight=False)
+            err.print(f"  [yellow]hint:[/] {escape(exc.hint)}", highlight=False)
     sys.exit(exc.exit_code)
 
 
@@ -137,7 +138,7 @@ def main() -> None:
                    "for Keras models; for a quantized .tflite only used for golden vectors.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
 @click.option("--quant", type=click.Choice(["int8", "dynamic", "fp16", "float", "auto"]), default=None,
-              help="Quantization (default: the board's, int8 for cpu). cpu board: auto measures the int8, "
+              help="Quantization (default: the board file's: auto for cpu, int8 for Coral and PYNQ, fp16 for Jetson). cpu board: auto measures the int8, "
                    "dynamic and float plans here and keeps the fastest that passes the drift gate.")
 @click.option("--features", default=None, help="Feature pipeline 'file.py:function' (default: the model's sidecar).")
 @click.option("--calib-windows", default=300, show_default=True, help="Windows used for calibration.")
@@ -348,5 +349,6 @@ import edgehft.cli_inspect  # noqa: E402,F401  (registers the report and boards 
 import edgehft.cli_deploy  # noqa: E402,F401  (registers deploy, status and rollback)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":           # python -m edgehft.cli: run the module the commands registered on
+    from edgehft.cli import main as _registered_main
+    _registered_main()

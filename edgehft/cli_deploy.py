@@ -5,6 +5,7 @@ import json
 import sys
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from edgehft.cli import err, handles_errors, json_opt, main, out
@@ -16,6 +17,17 @@ python_opt = click.option("--remote-python", default=None,
                                "[ssh] python, else python3).")
 install_dir_opt = click.option("--install-dir", default=None,
                                help="Install directory on the box (default: the board file's [ssh] install_dir).")
+
+
+def box_opts(fn):
+    """What ``status`` and ``rollback`` need to reach a box: --host, --board, ssh config, python, dir, --json."""
+    for opt in reversed((click.option("--host", "host", required=True,
+                                      help="The box: user@host[:port] or an ssh alias."),
+                         click.option("--board", default=None,
+                                      help="Board file for SSH defaults (user, port, install dir, python)."),
+                         ssh_config_opt, python_opt, install_dir_opt, json_opt)):
+        fn = opt(fn)
+    return fn
 
 
 def _target(host, board_name, python, install_dir, ssh_config):
@@ -59,8 +71,9 @@ def deploy_cmd(bundle, board, host, hosts_file, parallel, keep, dry_run, force, 
     """Install BUNDLE on a box: upload to a new version directory, verify SHA-256 and the golden vectors
     on the box, then switch atomically (the previous version stays for `edgehft rollback`).
 
-    Exit codes: 0 deployed, 8 golden vectors differ on the box, 9 refused or failed (the box keeps its
-    previous version), 10 unreachable (connection, authentication, unknown or changed host key)."""
+    Exit codes: 0 deployed, 2 usage, 3 bad --host or inventory, 6 the local bundle does not match its
+    manifest, 8 golden vectors differ on the box, 9 refused or failed (the box keeps its previous version;
+    with --hosts: any host failed), 10 unreachable (connection, authentication, unknown or changed host key)."""
     from edgehft.deploy.deploy import deploy, deploy_many
     from edgehft.deploy.inventory import read_inventory
     if bool(host) == bool(hosts_file):
@@ -103,46 +116,52 @@ def _print_results(results, dry_run: bool) -> None:
         return
     if len(results) == 1 and not results[0].ok:
         r = results[0]
-        err.print(f"[bold red]deploy failed[/] at {r.step} on {r.host}: {r.error}", highlight=False)
+        err.print(f"[bold red]deploy failed[/] at {r.step} on {escape(r.host)}: {escape(r.error or '')}",
+                  highlight=False)
         if r.hint:
-            err.print(f"  [yellow]hint:[/] {r.hint}", highlight=False)
-        err.print(f"  the box serves: {r.active_after or 'nothing (no version was active)'}", highlight=False)
+            err.print(f"  [yellow]hint:[/] {escape(r.hint)}", highlight=False)
+        serves = (r.active_after or "nothing (no version was active)") if r.box_reached else \
+            "unknown (the box was not reached; `edgehft status --host` tells)"
+        err.print(f"  the box serves: {escape(serves)}", highlight=False)
         return
-    t = Table(title="dry run" if dry_run else "deploy", title_justify="left")
-    for col in ("host", "board", "result", "version", "golden", "s"):
-        t.add_column(col, no_wrap=col in ("host", "result", "version"))
+    dirs = len({r.install_dir for r in results}) > 1
+    boards = sorted({r.board for r in results})
+    t = Table(title=f"{'dry run' if dry_run else 'deploy'} (board {', '.join(boards)})", title_justify="left")
+    for col in ("host", *(("install dir",) if dirs else ()), "result", "version", "golden", "s"):
+        t.add_column(col, no_wrap=col in ("host", "result", "version"), overflow="fold")
     for r in results:
         g = r.golden
-        t.add_row(r.host, r.board, "[green]ok[/]" if r.ok else f"[red]failed at {r.step}[/]",
+        t.add_row(escape(r.host), *((escape(r.install_dir),) if dirs else ()),
+                  "[green]ok[/]" if r.ok else f"[red]failed at {r.step}[/]",
                   r.active_after if r.ok and not dry_run else (r.version or ""),
-                  f"{g['matched']}/{g['count']} {g['compare']}" if g else "", f"{sum(r.seconds.values()):.1f}")
+                  f"{g['matched']}/{g['count']}" if g else "", f"{sum(r.seconds.values()):.1f}")
     out.print(t)
     for r in results:
         if not r.ok:
-            err.print(f"[red]{r.host}[/] ({r.step}): {r.error.removeprefix(r.host + ': ')}", highlight=False)
+            err.print(f"[red]{escape(r.host)}[/] ({r.step}): {escape((r.error or '').removeprefix(r.host + ': '))}",
+                      highlight=False)
 
 
 @main.command("status")
-@click.option("--host", "host", required=True, help="The box: user@host[:port] or an ssh alias.")
-@click.option("--board", default=None, help="Board file for SSH defaults (user, port, install dir, python).")
-@ssh_config_opt
-@python_opt
-@install_dir_opt
-@json_opt
+@box_opts
 @handles_errors
 def status_cmd(host, board, ssh_config, remote_python, install_dir, as_json):
     """Show what a box runs: active bundle, model hash, board, runtime versions, previous versions."""
     from edgehft.deploy.deploy import box_status
     res = box_status(_target(host, board, remote_python, install_dir, ssh_config))
+    bad = bool(res["status"].get("active_problems"))
     if as_json:
         click.echo(json.dumps(res))
-        return
+        sys.exit(6 if bad else 0)
     f, s = res["facts"], res["status"]
     a = s.get("active_info") or {}
     out.print(f"[bold]{host}[/] ({f['hostname']}, {f['arch']}, Python {f['python']}): install dir {s['root']}")
     out.print(f"  active: [bold]{s['active'] or 'nothing'}[/]" + (
         f" — board {a.get('board')}, model {a.get('model_file')} sha256 {str(a.get('model_sha256'))[:16]}…, "
         f"bundle sha256 {str(a.get('bundle_sha256'))[:16]}…, deployed {a.get('received_utc')}" if a else ""))
+    if s.get("active_problems"):
+        err.print(f"  [bold red]the active version does not match its manifest:[/] {escape(s['active_problems'][0])}",
+                  highlight=False)
     out.print(f"  previous: {s['previous'] or 'none'}")
     out.print("  runtime: " + ", ".join(f"{k} {v}" for k, v in f["packages"].items()))
     ident = [f"{k} {f[k]}" for k in ("pynq_board", "l4t", "device_tree_model") if f.get(k)]
@@ -152,24 +171,22 @@ def status_cmd(host, board, ssh_config, remote_python, install_dir, as_json):
     out.print("  identity: " + (", ".join(ident) or "plain host (no PYNQ, Jetson or Edge TPU found)"))
     t = Table(title="versions on the box", title_justify="left")
     for col in ("version", "board", "model sha256", "deployed", ""):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col == "version")
     for v in s["versions"]:
         t.add_row(v["version"], str(v.get("board", "")), str(v.get("model_sha256", ""))[:16],
                   str(v.get("received_utc", "")), "active" if v["active"] else
                   ("previous" if v["version"] == s["previous"] else ""))
     out.print(t)
     if s["staged"] or s["partial"]:
-        out.print(f"  not active: staged {s['staged']}, interrupted {s['partial']} (removed by the next deploy)")
+        out.print(f"  not active: staged {s['staged']}, interrupted {s['partial']} (a deploy in progress, or left "
+                  "by a killed one: removed by the next deploy once untouched for 10 minutes)")
+    if bad:
+        sys.exit(6)
 
 
 @main.command("rollback")
-@click.option("--host", "host", required=True, help="The box: user@host[:port] or an ssh alias.")
 @click.option("--to", "to", default=None, help="Version to switch to (default: the previous one).")
-@click.option("--board", default=None, help="Board file for SSH defaults (user, port, install dir, python).")
-@ssh_config_opt
-@python_opt
-@install_dir_opt
-@json_opt
+@box_opts
 @handles_errors
 def rollback_cmd(host, to, board, ssh_config, remote_python, install_dir, as_json):
     """Switch a box back to its previous version (or --to VERSION), after re-checking that version's files."""

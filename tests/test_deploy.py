@@ -255,7 +255,7 @@ def test_disk_fills_during_the_transfer(tiny_disk, deeplob_bundle):
 
     store = Store(tiny_disk / "install")
     with pytest.raises(DeployError, match="disk full on the box while receiving"):
-        store.receive("20261130T000000Z-0123456789ab", FillsDisk(buf.getvalue()), len(buf.getvalue()), {})
+        store.receive("20261130T000000Z-0123456789ab-cdef", FillsDisk(buf.getvalue()), len(buf.getvalue()), {})
     assert list((tiny_disk / "install" / "incoming").iterdir()) == []
 
 
@@ -279,6 +279,7 @@ def test_board_checks_and_force(box, bundles, tmp_path):
     _, _, root = box
     res = cli(box, "deploy", str(bundles["v1"]), "--host", "box", "--board", "pynq-z2")
     assert res.exit_code == 9 and "compiled for cpu, not pynq-z2" in res.output
+    assert "the box serves: unknown (the box was not reached" in res.output
     as_pynq = resign(bundles["v1"], tmp_path / "as-pynq", lambda d: None, tag="pynq")
     m = json.loads((as_pynq / MANIFEST).read_text())
     m["board"] = "pynq-z2"
@@ -289,6 +290,9 @@ def test_board_checks_and_force(box, bundles, tmp_path):
     assert "--force" in res.output and "FORCED" in res.output and res.exit_code == 9
     assert "failed at golden" in res.output                      # forced through the probe, stopped by golden
     assert not (root / "current").exists()
+    res = cli(box, "deploy", str(bundles["v1"]), "--host", "box", "--board", "pynq-z2", "--force")
+    assert res.exit_code == 0 and res.output.count("FORCED") == 2   # golden ran as the bundle's own board
+    assert (root / "current" / MANIFEST).is_file()
 
 
 def test_dry_run_changes_nothing(box, bundles, serving_v1):
@@ -373,3 +377,32 @@ def test_hil_plugin_against_the_box(box, bundles, tmp_path):
     g, lat = rep["checks"]["golden"], rep["checks"]["latency"]
     assert (g["ok"], g["matched"], g["count"], g["bundle"], g["host"]) == (True, 16, 16, str(root / "versions" / v), "box")
     assert lat["ok"] is True and lat["samples"] == 50
+
+
+def test_client_killed_during_golden_leaves_nothing_staged(box, bundles, serving_v1):
+    """The deploy dies while the box runs the golden vectors (the agent pauses there): its ssh dies with
+    it, the box agent sees the hang-up and removes the staged version itself; the box keeps serving v1."""
+    sshd, _, root = box
+    cfg = sshd.config("ssh_pause", failpoints="golden:before-result=pause")
+    proc = subprocess.Popen([os.sys.executable, "-m", "edgehft", "deploy", str(bundles["v2"]), "--host", "box",
+                             "--ssh-config", str(cfg), "--remote-python", sshd.python, "--install-dir", str(root)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:                                     # the step lines: "box golden …"
+        if "golden" in line:
+            break
+    time.sleep(2.5)                                              # inside the golden step's 5 s pause
+    proc.kill()
+    proc.wait()
+    assert wait_no_partial(root) == []                           # incoming/ empty: discarded by the agent
+    assert_unchanged(root, serving_v1)
+    history = json.loads(cli(box, "status", "--host", "box", "--json").output)["status"]["history"]
+    assert history[-1]["event"] == "failed" and history[-1]["reason"].startswith("golden: the ")
+
+
+def test_status_flags_a_corrupted_active_version(box, bundles, serving_v1):
+    _, _, root = box
+    with open(root / "current" / "golden.npz", "ab") as fh:
+        fh.write(b"\0")
+    res = cli(box, "status", "--host", "box")
+    text = " ".join(res.output.split())
+    assert res.exit_code == 6 and "does not match its manifest" in text and "golden.npz changed" in text

@@ -171,6 +171,15 @@ def test_emulated_pynq_z2_in_the_board_venv(tmp_path):
     assert rep["checks"]["golden"]["ok"] is True and rep["checks"]["golden"]["matched"] == n
     lat = rep["checks"]["latency"]
     assert lat["ok"] is None and lat["not_judged"].startswith("EMULATED") and lat["samples"] == 20
+    # bench --profile on the same emulated board: one row per step of the chain, in order
+    r = subprocess.run([str(BOARD_PY), "-m", "edgehft", "bench", str(bundle), "--profile", "--emulate", "--json"],
+                       cwd=work, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    prof = json.loads(r.stdout)
+    steps = json.loads((bundle / "steps.json").read_text())["steps"]
+    assert [(s["placement"], s["what"]) for s in prof["segments"]] == \
+        [(s["placement"], s.get("kernel") or s.get("model")) for s in steps]
+    assert prof["emulated"] is True and abs(sum(s["share"] for s in prof["segments"]) - 1) < 1e-6
 
 
 def test_help_lists_the_options(hil):

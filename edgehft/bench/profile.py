@@ -214,22 +214,7 @@ def _profile_steps(runner, x, rounds: int, warmup: int) -> dict:
         env = dict(zip(names, windows[r % len(windows)]))
         for k, (kind, st, h) in enumerate(steps):
             t0 = perf()
-            if kind == "cpu":
-                it, ins, outs, stateful = h
-                for idx, t in zip(ins, st["inputs"]):
-                    it.set_tensor(idx, env[t["name"]])
-                if stateful:
-                    it.reset_all_variables()
-                it.invoke()
-                for idx, t in zip(outs, st["outputs"]):
-                    env[t["name"]] = it.get_tensor(idx)
-            else:
-                ip, bufs, args = h
-                bufs["x"][:] = env[st["inputs"][0]["name"]].reshape(bufs["x"].shape)
-                bufs["x"].flush()
-                ip.call(**args)
-                bufs["y"].invalidate()
-                env[st["outputs"][0]["name"]] = np.asarray(bufs["y"]).copy()
+            runner.run_step(kind, st, h, env)
             if r >= 0:
                 lat[r, k] = perf() - t0
     segs = []

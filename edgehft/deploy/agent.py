@@ -38,16 +38,18 @@ def _on_signal(signum, frame):
     raise HangUp(f"signal {signal.Signals(signum).name}")
 
 
-def emit(obj: dict) -> None:
-    """One JSON line on stdout (ignored if the connection is gone)."""
+def emit(obj: dict) -> bool:
+    """One JSON line on stdout; False when the connection is gone (nobody will read it)."""
     try:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
+        return True
     except (BrokenPipeError, OSError):
-        pass
+        return False
 
 
 def _golden(store, args) -> dict:
+    from edgehft.deploy.store import failpoint
     from edgehft import runtime
     from edgehft.checks import check_golden
     path = store.staged(args.version)
@@ -55,6 +57,7 @@ def _golden(store, args) -> dict:
     with runtime.open(path, args.board, **opts) as r:
         res = check_golden(r)
         res.update(board=r.board, emulated=r.emulated, version=args.version)
+    failpoint("golden:before-result")
     return res
 
 
@@ -72,7 +75,19 @@ def _hil(store, args) -> dict:
         return fn(r, **json.loads(args.options or "{}"))
 
 
+def _abandon(store, args, reason: str) -> None:
+    """The deploy that staged ``args.version`` is gone (killed, connection dropped) during receive, verify or
+    golden: it will never switch to that version, so remove it now instead of leaving it to the next deploy."""
+    if args.command in ("receive", "verify", "golden") and args.version:
+        try:
+            store.discard(args.version, reason)
+        except (EdgeHFTError, OSError):
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGHUP, _on_signal)          # first: a hang-up during the imports below is handled too
+    signal.signal(signal.SIGTERM, _on_signal)
     from edgehft.deploy.store import Store
     p = argparse.ArgumentParser(prog="python -m edgehft.deploy.agent")
     p.add_argument("command", choices=["probe", "receive", "verify", "golden", "activate", "rollback", "discard",
@@ -90,8 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--options")
     p.add_argument("--bundle")
     args = p.parse_args(argv)
-    signal.signal(signal.SIGHUP, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
     store = Store(args.root)
     try:
         if args.command == "probe":
@@ -118,13 +131,15 @@ def main(argv: list[str] | None = None) -> int:
               "exit_code": exc.exit_code})
         return 1
     except HangUp as exc:
+        _abandon(store, args, f"{args.command}: the connection dropped ({exc})")
         emit({"error": f"the agent was stopped ({exc})", "type": "HangUp"})
         return 1
     except Exception as exc:  # an unexpected failure is reported, not a traceback on a closed pipe
         emit({"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__,
               "hint": "a bug or an unexpected box state; the box keeps serving its previous version"})
         return 1
-    emit({"ok": True, "result": res})
+    if not emit({"ok": True, "result": res}):
+        _abandon(store, args, f"{args.command}: the deploy went away before it got the result")
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import secrets
 import socket
 import tarfile
 import time
@@ -35,7 +36,9 @@ class DeployResult:
 
     host: str
     board: str
+    install_dir: str = ""
     ok: bool = False
+    box_reached: bool = False          # the probe answered: active_before/after say what the box serves
     exit_code: int = 0
     version: str | None = None
     active_before: str | None = None
@@ -65,9 +68,10 @@ def _tar_bundle(path: Path, files: list[str]) -> bytes:
 
 
 def version_id(manifest_sha256: str, now: datetime | None = None) -> str:
-    """``YYYYmmddTHHMMSSZ-<12 hex>``: sorts by deploy time, names the bundle."""
+    """``YYYYmmddTHHMMSSZ-<12 hex>-<4 hex>``: sorts by deploy time, names the bundle, and differs between
+    two deploys of one bundle in the same second."""
     now = now or datetime.now(timezone.utc)
-    return f"{now:%Y%m%dT%H%M%SZ}-{manifest_sha256[:12]}"
+    return f"{now:%Y%m%dT%H%M%SZ}-{manifest_sha256[:12]}-{secrets.token_hex(2)}"
 
 
 def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, *, force: bool = False,
@@ -86,7 +90,7 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         :class:`DeployResult`; ``exit_code`` 9 refused/failed (box unchanged), 10 unreachable, 8 golden
         vectors not reproduced on the box (nothing switched), 6 the local bundle is broken.
     """
-    res = DeployResult(host=target.label, board=board or "?")
+    res = DeployResult(host=target.label, board=board or "?", install_dir=target.install_dir)
     step = "bundle"
     try:
         b = load_bundle(bundle_dir, verify=True)
@@ -116,6 +120,7 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         probed = run("probe", "probe")
         facts, status = probed["facts"], probed["status"]
         res.active_before = res.active_after = status.get("active")
+        res.box_reached = True
         ctx.update(facts=facts, status=status)
         for why in board_mismatches(spec, facts, b.manifest.format_version):
             if not force:
@@ -140,7 +145,8 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         try:
             run("verify", "verify", "--version", vid)
             golden_args = ["--emulate"] if emulate else []
-            res.golden = run("golden", "golden", "--version", vid, "--board", name, *golden_args)
+            # the golden vectors run as the bundle's own board (with --force the box may be labelled otherwise)
+            res.golden = run("golden", "golden", "--version", vid, "--board", b.manifest.board, *golden_args)
             if not res.golden["ok"]:
                 g = res.golden
                 raise GoldenMismatchError(f"golden vectors differ on the box: {g['count'] - g['matched']} of "

@@ -18,7 +18,9 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
+import sys
 from dataclasses import dataclass, field
 
 from edgehft.errors import DeployError, HostKeyError, InputError, RemoteError
@@ -129,6 +131,15 @@ def agent_argv(target: SshTarget, command: str, *args: str) -> list[str]:
     return [target.python, "-m", "edgehft.deploy.agent", command, *args, "--root", target.install_dir]
 
 
+def _keyscan_hint(target: SshTarget) -> str:
+    """``ssh-keyscan -p PORT HOSTNAME >> KNOWN_HOSTS`` with the values ssh itself would use."""
+    cfg = _ssh_g(target.host, target.ssh_config or os.path.expanduser("~/.ssh/config")) or {}
+    host = cfg.get("hostname", target.host.strip("[]"))
+    port = target.port or cfg.get("port", "22")
+    known = (cfg.get("userknownhostsfile") or "~/.ssh/known_hosts").split()[0]
+    return f"ssh-keyscan -p {port} {host} >> {known}"
+
+
 def classify_ssh_failure(target: SshTarget, stderr: str) -> RemoteError:
     """The error for an ``ssh`` exit status 255 (ssh's own failure, not the remote command's)."""
     text = stderr.strip()
@@ -139,17 +150,26 @@ def classify_ssh_failure(target: SshTarget, stderr: str) -> RemoteError:
         changed = "HAS CHANGED" in text
         return HostKeyError(
             f"{target.label}: host key {'changed' if changed else 'unknown'}; refusing to connect ({last})",
-            hint=("the box's key differs from known_hosts: find out why before removing the old entry "
-                  "(ssh-keygen -R HOST)" if changed else
-                  "verify the box's fingerprint out of band, then add it: ssh-keyscan -p PORT HOST >> "
-                  "~/.ssh/known_hosts (edgehft never accepts keys itself)"))
+            hint=("the box's key differs from the one in your known_hosts: find out why (a reinstalled box, or "
+                  "someone in between) before removing the old entry with ssh-keygen -R" if changed else
+                  "check the box's key fingerprint out of band, then add it: " + _keyscan_hint(target)
+                  + " (edgehft never accepts keys itself)"))
     if "Permission denied" in text:
         return RemoteError(f"{target.label}: authentication failed ({last})",
                            hint="edgehft runs ssh in BatchMode: load the key into ssh-agent or name it in "
                                 "~/.ssh/config (IdentityFile)")
     return RemoteError(f"{target.label}: SSH connection failed or dropped ({last})",
-                       hint="check the address, that sshd runs on the box, and the network; the box keeps "
-                            "serving its previous version")
+                       hint="check the address, that sshd runs on the box, and the network")
+
+
+def _die_with_parent() -> None:
+    """In the forked ssh, before exec: ask Linux to SIGTERM it when edgehft dies (killed, timed out), so the
+    connection drops and the box agent cleans up, instead of an orphaned ssh finishing the step."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)        # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass                                              # not Linux: Ctrl-C still reaches the process group
 
 
 def run_agent(target: SshTarget, command: str, *args: str, stdin=None, input_bytes: bytes | None = None,
@@ -167,7 +187,8 @@ def run_agent(target: SshTarget, command: str, *args: str, stdin=None, input_byt
     """
     argv = ssh_argv(target, agent_argv(target, command, *args))
     try:
-        proc = subprocess.run(argv, stdin=stdin, input=input_bytes, capture_output=True, timeout=timeout)
+        proc = subprocess.run(argv, stdin=stdin, input=input_bytes, capture_output=True, timeout=timeout,
+                              preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     except subprocess.TimeoutExpired:
         raise RemoteError(f"{target.label}: `{command}` did not finish within {timeout:.0f} s",
                           hint="the connection may have stalled; `edgehft status --host` shows what the box runs")
@@ -190,6 +211,9 @@ def run_agent(target: SshTarget, command: str, *args: str, stdin=None, input_byt
         raise classify_ssh_failure(target, stderr)
     if proc.returncode != 0 or not lines:
         tail = stderr.strip().splitlines()[-3:] if stderr.strip() else []
+        if proc.returncode == 127:
+            raise DeployError(f"{target.label}: {target.python} was not found on the box",
+                              hint="pass --remote-python with the path of the Python that has edgehft installed")
         if "No module named edgehft" in stderr or "No module named 'edgehft" in stderr:
             raise DeployError(f"{target.label}: edgehft is not installed for {target.python} on the box",
                               hint="pip install edgehft on the box, or pass --remote-python PATH")

@@ -34,16 +34,20 @@ from pathlib import Path, PurePosixPath
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
 from edgehft.errors import BundleError, DeployError
 
-VID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{12}$")
-STALE_STAGED_S = 3600.0
+VID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{12}-[0-9a-f]{4}$")
+STALE_STAGED_S = 600.0
 FAILPOINTS_ENV = "EDGEHFT_FAILPOINTS"
 
 
 def failpoint(name: str) -> None:
-    """Fault injection for the deploy tests: SIGKILL this process at ``name`` when the comma-separated
-    ``EDGEHFT_FAILPOINTS`` environment variable lists it (a real kill, as a power cut or OOM kill would)."""
-    if name in os.environ.get(FAILPOINTS_ENV, "").split(","):
+    """Fault injection for the deploy tests, from the comma-separated ``EDGEHFT_FAILPOINTS`` environment
+    variable: ``name`` SIGKILLs this process there (a real kill, as a power cut or OOM kill would);
+    ``name=pause`` sleeps 5 s there (time for a test to cut the connection at that point)."""
+    points = os.environ.get(FAILPOINTS_ENV, "").split(",")
+    if name in points:
         os.kill(os.getpid(), signal.SIGKILL)
+    if f"{name}=pause" in points:
+        time.sleep(5)
 
 
 def _now() -> str:
@@ -65,7 +69,7 @@ def check_vid(vid: str) -> str:
         DeployError: anything else (e.g. ``../x``).
     """
     if not VID.match(vid or ""):
-        raise DeployError(f"{vid!r} is not a version id (YYYYmmddTHHMMSSZ-<12 hex>)",
+        raise DeployError(f"{vid!r} is not a version id (YYYYmmddTHHMMSSZ-<12 hex>-<4 hex>)",
                           hint="`edgehft status --host H` lists the versions on the box")
     return vid
 
@@ -121,7 +125,15 @@ class Store:
         active = self.active()
         versions = sorted(p.name for p in self.versions.iterdir() if p.is_dir()) if self.versions.is_dir() else []
         staged = sorted(p.name for p in self.incoming.iterdir()) if self.incoming.is_dir() else []
+        problems = None
+        if active:
+            try:
+                load_bundle(self.versions / active, verify=True)
+                problems = []
+            except BundleError as exc:
+                problems = [exc.args[0]]
         return {"root": str(self.root), "active": active, "active_info": self.info(active) if active else None,
+                "active_problems": problems,
                 "previous": self.previous(),
                 "versions": [{**self.info(v), "version": v, "active": v == active} for v in versions],
                 "staged": [s for s in staged if not s.endswith(".partial")],
@@ -163,7 +175,7 @@ class Store:
 
     def _clean_stale(self) -> None:
         """Remove what killed operations left: ``*.partial`` transfers (none can be live: receiving holds
-        the lock), staged versions older than an hour, and orphan ``.current.*`` symlinks."""
+        the lock), staged versions no step touched for :data:`STALE_STAGED_S`, orphan ``.current.*`` links."""
         if self.incoming.is_dir():
             for p in self.incoming.iterdir():
                 old = time.time() - p.stat().st_mtime > STALE_STAGED_S
@@ -211,6 +223,9 @@ class Store:
                     self.record("failed", version=vid, step="upload", reason="disk full")
                     raise DeployError(f"disk full on the box while receiving into {self.root}; nothing was "
                                       "kept", hint="free space on the box, then deploy again") from None
+                if isinstance(exc, FileExistsError) or (isinstance(exc, OSError) and exc.errno == errno.ENOTEMPTY):
+                    raise DeployError(f"version {vid} is already staged on the box", hint="deploy again (a new "
+                                      "version id is drawn each time)") from None
                 if isinstance(exc, (tarfile.TarError, EOFError)):
                     self.record("failed", version=vid, step="upload", reason=f"incomplete transfer: {exc}")
                     raise DeployError(f"the transfer ended early or is malformed ({exc}); nothing was kept",
@@ -247,6 +262,7 @@ class Store:
         if not p.is_dir():
             raise DeployError(f"version {vid} is not staged on the box (interrupted, cleaned, or already active)",
                               hint="deploy again")
+        os.utime(p)                     # a step is working on it: not stale
         return p
 
     def verify(self, vid: str) -> dict:

@@ -210,25 +210,32 @@ class Runner(_Runner):
             self._steps.append(("fpga", st, (ip, bufs, {**args, "mode": 1})))
 
     # -- run -----------------------------------------------------------------------------------------
+    @staticmethod
+    def run_step(kind: str, st: dict, h, env: dict) -> None:
+        """Run one step of the chain: a CPU segment on LiteRT, or an overlay kernel call with its buffer
+        copies (flush before, invalidate after); reads its inputs from and puts its outputs into ``env``
+        (tensor name -> array; a kernel's output is its device buffer, valid until its next call)."""
+        if kind == "cpu":
+            it, ins, outs, stateful = h
+            for idx, t in zip(ins, st["inputs"]):
+                it.set_tensor(idx, env[t["name"]])
+            if stateful:
+                it.reset_all_variables()
+            it.invoke()
+            for idx, t in zip(outs, st["outputs"]):
+                env[t["name"]] = it.get_tensor(idx)
+        else:
+            ip, bufs, args = h
+            bufs["x"][:] = env[st["inputs"][0]["name"]].reshape(bufs["x"].shape)
+            bufs["x"].flush()
+            ip.call(**args)
+            bufs["y"].invalidate()
+            env[st["outputs"][0]["name"]] = np.asarray(bufs["y"])
+
     def _invoke(self) -> None:
         env = {t["name"]: buf for t, buf in zip(self.graph["inputs"], self._staging_in)}
         for kind, st, h in self._steps:
-            if kind == "cpu":
-                it, ins, outs, stateful = h
-                for idx, t in zip(ins, st["inputs"]):
-                    it.set_tensor(idx, env[t["name"]])
-                if stateful:
-                    it.reset_all_variables()
-                it.invoke()
-                for idx, t in zip(outs, st["outputs"]):
-                    env[t["name"]] = it.get_tensor(idx)
-            else:
-                ip, bufs, args = h
-                bufs["x"][:] = env[st["inputs"][0]["name"]].reshape(bufs["x"].shape)
-                bufs["x"].flush()
-                ip.call(**args)
-                bufs["y"].invalidate()
-                env[st["outputs"][0]["name"]] = np.asarray(bufs["y"])
+            self.run_step(kind, st, h, env)
         for t, buf in zip(self.graph["outputs"], self._staging_out):
             np.copyto(buf, env[t["name"]].reshape(buf.shape))
 

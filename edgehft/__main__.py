@@ -1,0 +1,4 @@
+"""``python -m edgehft ...`` is the ``edgehft`` command."""
+from edgehft.cli import main
+
+main()
