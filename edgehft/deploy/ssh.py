@@ -36,7 +36,7 @@ class SshTarget:
     """A box: ``user@host[:port]`` (user and port optional: ssh config or the board's defaults fill them).
 
     ``python`` is the interpreter on the box that has edgehft installed; ``install_dir`` the box
-    directory holding ``versions/`` and the ``current`` symlink.
+    directory holding ``versions/`` and the ``current`` symlink; ``extra_env`` variables the agent runs with.
     """
 
     host: str
@@ -85,7 +85,12 @@ def parse_target(text: str, *, board=None, python: str | None = None, install_di
     if ssh and (user is None or port is None):
         configured = _config_sets(host, ssh_config)        # the user's ssh config beats the board file
         ssh = {k: v for k, v in ssh.items() if k not in configured}
-    return SshTarget(host=host, user=user or ssh.get("user"), port=port or ssh.get("port"),
+    env = dict(ssh.get("env") or {})
+    env = {str(k): str(v) for k, v in env.items()}
+    bad = [k for k in env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
+    if bad:
+        raise InputError(f"board {board.name}: [ssh] env names {bad} are not variable names")
+    return SshTarget(host=host, user=user or ssh.get("user"), port=port or ssh.get("port"), extra_env=env,
                      python=python or ssh.get("python", "python3"),
                      install_dir=install_dir or ssh.get("install_dir", "/opt/edgehft"), ssh_config=ssh_config)
 
@@ -127,8 +132,10 @@ def ssh_argv(target: SshTarget, remote_argv: list[str]) -> list[str]:
 
 
 def agent_argv(target: SshTarget, command: str, *args: str) -> list[str]:
-    """``<python> -m edgehft.deploy.agent <command> <args> --root <install_dir>`` for the box."""
-    return [target.python, "-m", "edgehft.deploy.agent", command, *args, "--root", target.install_dir]
+    """``[env K=V ...] <python> -m edgehft.deploy.agent <command> <args> --root <install_dir>`` for the box
+    (``env`` from the board file's ``[ssh] env``, e.g. XILINX_XRT on PYNQ images)."""
+    env = ["env", *(f"{k}={v}" for k, v in target.extra_env.items())] if target.extra_env else []
+    return [*env, target.python, "-m", "edgehft.deploy.agent", command, *args, "--root", target.install_dir]
 
 
 def _keyscan_hint(target: SshTarget) -> str:
