@@ -1,0 +1,194 @@
+"""edgehft's native CPU LSTM kernel (``edgehft/kernels/cpu_lstm.cpp``) through ctypes: Keras LSTM
+forward in fp32, batch 1, one sequence, one or more stacked layers.
+
+Semantics are Keras / tf-keras ``LSTM`` with its defaults (activation ``tanh``, recurrent activation
+``sigmoid``, gate order i, f, c, o, zero initial state, no masking): per step
+``z = x_t @ kernel + h @ recurrent_kernel + bias``, ``c = f*c + i*g``, ``h = o*tanh(c)``. tanh is Eigen's
+rational approximation (max |error| 3.1e-7 against float64 on [-20, 20]), sigmoid(x) = 0.5 + 0.5*tanh(x/2)
+(max |error| ~1.6e-7); sums are fp32. Against a float64 LSTM the outputs differ by ~1e-6 at most for the
+shapes the tests cover (``tests/test_native_lstm.py``).
+
+The schedule: one GEMM for the input projection of all timesteps, then the recurrence with the gate
+accumulators of up to 112 hidden units held in AVX-512 registers and the gates applied from registers.
+The AVX-512F path is compiled when ``g++ -march=native`` targets it; otherwise (or with
+``portable=True``) a plain C++ path with the same layout and approximations.
+
+The shared library is built on first use with ``$CXX`` / ``g++`` (flags :data:`NATIVE_FLAGS` after
+:data:`edgehft.kernels.csim.CXXFLAGS`, via :func:`edgehft.kernels.csim.build_library`) into
+:func:`edgehft.kernels.csim.default_cache_dir`, under a name keyed by the source's hash, the flags, the
+compiler and the host CPU's feature flags. No g++ or a failed build raises
+:class:`~edgehft.errors.BoardUnavailableError`.
+
+    k = NativeLSTM([(kernel, recurrent_kernel, bias)], timesteps=100, return_sequences=False)
+    y = k.run(x)          # x (100, in) or (1, 100, in) float32 -> y (H,) float32 (a reused buffer)
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from edgehft.errors import BoardUnavailableError, DTypeError, ShapeError
+from edgehft.kernels.csim import CXXFLAGS, build_library, default_cache_dir
+
+SOURCE = Path(__file__).resolve().parent / "cpu_lstm.cpp"
+NATIVE_FLAGS = ("-O3", "-march=native", "-std=c++17")
+PORTABLE_FLAGS = ("-O3", "-march=native", "-mno-avx512f", "-std=c++17")
+_LIBS: dict[tuple, ctypes.CDLL] = {}
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def library_path(flags=NATIVE_FLAGS, cache_dir: Path | str | None = None) -> Path:
+    """Where the library for ``flags`` lives in the cache (built or not)."""
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or "g++"
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join((*CXXFLAGS, *flags)).encode(), cxx.encode(), _cpu_flags().encode()):
+        h.update(part)
+        h.update(b"\0")
+    return Path(cache_dir or default_cache_dir()) / f"libedgehft_cpu_lstm-{h.hexdigest()[:16]}.so"
+
+
+def load_library(portable: bool = False, cache_dir: Path | str | None = None) -> ctypes.CDLL:
+    """Build (if not cached) and load the kernel library. ``portable`` builds without AVX-512F."""
+    flags = PORTABLE_FLAGS if portable else NATIVE_FLAGS
+    path = library_path(flags, cache_dir)
+    key = (str(path),)
+    if key in _LIBS:
+        return _LIBS[key]
+    if not path.is_file():
+        if not SOURCE.is_file():
+            raise BoardUnavailableError(f"the native LSTM kernel's source is missing ({SOURCE})",
+                                        hint="reinstall edgehft; the wheel ships edgehft/kernels/cpu_lstm.cpp")
+        with tempfile.TemporaryDirectory(prefix="edgehft-lstm-src-") as d:
+            shutil.copyfile(SOURCE, Path(d) / SOURCE.name)       # build_library compiles a directory
+            build_library(path, Path(d), flags)
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise BoardUnavailableError(f"cannot load {path}: {e}", hint=f"delete {path} to rebuild it") from e
+    vp, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.edgehft_lstm_create.restype = vp
+    lib.edgehft_lstm_create.argtypes = [i32, i32, i32, vp, vp, vp, vp, i32]
+    lib.edgehft_lstm_run.restype = i32
+    lib.edgehft_lstm_run.argtypes = [vp, vp, vp]
+    lib.edgehft_lstm_destroy.restype = None
+    lib.edgehft_lstm_destroy.argtypes = [vp]
+    lib.edgehft_lstm_isa.restype = i32
+    lib.edgehft_lstm_act_probe.restype = None
+    lib.edgehft_lstm_act_probe.argtypes = [vp, vp, vp, i32]
+    _LIBS[key] = lib
+    return lib
+
+
+def activations(x: np.ndarray, portable: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(tanh(x), sigmoid(x)) as the kernel computes them, float32 (for accuracy checks)."""
+    lib = load_library(portable)
+    x = np.ascontiguousarray(x, np.float32).ravel()
+    th, sg = np.empty_like(x), np.empty_like(x)
+    lib.edgehft_lstm_act_probe(x.ctypes.data, th.ctypes.data, sg.ctypes.data, x.size)
+    return th, sg
+
+
+class NativeLSTM:
+    """Stacked Keras LSTM layers on the native kernel, weights copied at construction.
+
+    Args:
+        layers: per layer ``(kernel, recurrent_kernel, bias)`` as Keras stores them: kernel
+            ``(in, 4H)``, recurrent_kernel ``(H, 4H)``, bias ``(4H,)``, gate order i, f, c, o; any float
+            dtype (converted to float32). Layer l's ``in`` must be layer l-1's H.
+        timesteps: T, the sequence length every call uses.
+        return_sequences: the last layer's output is the whole sequence ``(T, H)``, else its last step
+            ``(H,)`` (earlier layers always pass their sequence on, as stacked Keras LSTMs must).
+        portable: use the library built without AVX-512F (for tests of that path).
+
+    :meth:`run` writes into one preallocated float32 buffer (:attr:`out`) and returns it: copy it if you
+    keep it past the next call. Raises :class:`~edgehft.errors.ShapeError` (an ``InputError``) for
+    weights or inputs of the wrong shape, :class:`~edgehft.errors.BoardUnavailableError` when the kernel
+    cannot be built or loaded.
+    """
+
+    def __init__(self, layers, timesteps: int, return_sequences: bool = False, *, portable: bool = False):
+        if not layers:
+            raise ShapeError("NativeLSTM needs at least one layer")
+        if int(timesteps) < 1:
+            raise ShapeError(f"timesteps must be >= 1, got {timesteps}")
+        self.timesteps = T = int(timesteps)
+        Ws, Us, bs, Hs = [], [], [], []
+        in_l = None
+        for li, lw in enumerate(layers):
+            if len(lw) != 3:
+                raise ShapeError(f"layer {li}: expected (kernel, recurrent_kernel, bias), got {len(lw)} arrays")
+            W, U, b = (np.ascontiguousarray(a, np.float32) for a in lw)
+            if U.ndim != 2 or U.shape[1] != 4 * U.shape[0] or U.shape[0] < 1:
+                raise ShapeError(f"layer {li}: recurrent_kernel must be (H, 4H), got {U.shape}")
+            H = U.shape[0]
+            if W.ndim != 2 or W.shape[1] != 4 * H or W.shape[0] < 1:
+                raise ShapeError(f"layer {li}: kernel must be (in, {4 * H}), got {W.shape}")
+            if b.shape != (4 * H,):
+                raise ShapeError(f"layer {li}: bias must be ({4 * H},), got {b.shape}")
+            if in_l is not None and W.shape[0] != in_l:
+                raise ShapeError(f"layer {li}: kernel has {W.shape[0]} input rows, the previous layer gives {in_l}")
+            in_l = H
+            Ws.append(W), Us.append(U), bs.append(b), Hs.append(H)
+        self.input_size = Ws[0].shape[0]
+        self.hidden = tuple(Hs)
+        self.return_sequences = bool(return_sequences)
+        self.input_shape = (T, self.input_size)
+        self._lib = load_library(portable)
+        self.isa = "avx512f" if self._lib.edgehft_lstm_isa() else "portable"
+        n = len(layers)
+        P = ctypes.c_void_p * n
+        handle = self._lib.edgehft_lstm_create(
+            n, T, self.input_size, (ctypes.c_int * n)(*Hs), P(*[a.ctypes.data for a in Ws]),
+            P(*[a.ctypes.data for a in Us]), P(*[a.ctypes.data for a in bs]), int(self.return_sequences))
+        if not handle:
+            raise MemoryError("edgehft_lstm_create failed (out of memory)")
+        self._h = ctypes.c_void_p(handle)
+        self.out = np.zeros((T, Hs[-1]) if self.return_sequences else (Hs[-1],), np.float32)
+        self._outp = ctypes.c_void_p(self.out.ctypes.data)
+        self._run = self._lib.edgehft_lstm_run
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        """``x``: ``(T, in)`` or ``(1, T, in)`` float32 (C-contiguous avoids a copy) -> :attr:`out`."""
+        if not isinstance(x, np.ndarray):
+            raise DTypeError(f"expected a numpy float32 array, got {type(x).__name__}")
+        shape = x.shape[1:] if x.ndim == 3 and x.shape[0] == 1 else x.shape
+        if shape != self.input_shape:
+            raise ShapeError(f"input shape {x.shape}, the kernel takes {self.input_shape} (or (1, ...) of it)")
+        if x.dtype != np.float32:
+            raise DTypeError(f"input dtype {x.dtype}, the kernel takes float32")
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        self._run(self._h, x.ctypes.data, self._outp)
+        return self.out
+
+    def run_ptr(self, x_ptr: int, out_ptr: int | None = None) -> None:
+        """Hot path without checks: ``x_ptr`` addresses T*in float32, ``out_ptr`` (default :attr:`out`)
+        room for the output."""
+        self._run(self._h, x_ptr, self._outp if out_ptr is None else out_ptr)
+
+    def close(self) -> None:
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            self._lib.edgehft_lstm_destroy(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,169 @@
+"""The native CPU LSTM kernel (edgehft/kernels/cpu_lstm.cpp via edgehft.kernels.native_lstm).
+
+Bounds. The kernel computes in fp32 with Eigen's rational tanh (max |error| 3.1e-7) and
+sigmoid = 0.5 + 0.5*tanh(x/2) (1.8e-7); h = o*tanh(c) lies in [-1, 1] and the forget gate is < 1, so
+activation errors do not grow over the steps. Measured against a float64 LSTM on the shapes below the
+largest difference is ~2e-7; the tests assert 2e-6 (10x headroom for other CPUs' / compilers' fp32 sums).
+LiteRT's float kernel and Keras use their own fp32 tanh/sigmoid and sum orders, so against them the same
+2e-6 bound holds (measured ~5e-7).
+"""
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_maker
+from edgehft.errors import BoardUnavailableError, DTypeError, InputError, ShapeError
+from edgehft.kernels import native_lstm
+from edgehft.kernels.native_lstm import NativeLSTM, activations
+
+BOUND = 2e-6
+X86 = platform.machine() in ("x86_64", "AMD64")
+ISAS = [False, pytest.param(True, marks=pytest.mark.skipif(not X86, reason="-mno-avx512f is an x86 flag"))]
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def reference_lstm(layers, x, return_sequences):
+    """Keras LSTM semantics in float64: z = x@W + h@U + b, gates i, f, c, o."""
+    X = np.asarray(x, np.float64)
+    for W, U, b in layers:
+        W, U, b = (np.asarray(a, np.float64) for a in (W, U, b))
+        H = U.shape[0]
+        h, c, seq = np.zeros(H), np.zeros(H), []
+        for t in range(X.shape[0]):
+            z = X[t] @ W + h @ U + b
+            c = _sigmoid(z[H:2 * H]) * c + _sigmoid(z[:H]) * np.tanh(z[2 * H:3 * H])
+            h = _sigmoid(z[3 * H:]) * np.tanh(c)
+            seq.append(h)
+        X = np.array(seq)
+    return X if return_sequences else X[-1]
+
+
+def random_layers(rng, in_size, hidden):
+    layers = []
+    for H in hidden:
+        layers.append((rng.normal(0, 1 / np.sqrt(in_size), (in_size, 4 * H)).astype(np.float32),
+                       rng.normal(0, 1 / np.sqrt(H), (H, 4 * H)).astype(np.float32),
+                       rng.normal(0, 0.3, 4 * H).astype(np.float32)))
+        in_size = H
+    return layers
+
+
+@pytest.mark.parametrize("portable", ISAS, ids=["native", "portable"])
+@pytest.mark.parametrize("H", [1, 7, 64, 100, 130])
+def test_matches_float64_lstm(H, portable):
+    """Every input size {1, 13, 192} x T {1, 5, 100} x return_sequences, one and two stacked layers
+    (the second with another H so layer sizes differ), on the AVX-512 and the portable build."""
+    rng = np.random.default_rng(H)
+    for in_size in (1, 13, 192):
+        for T in (1, 5, 100):
+            x = rng.normal(0, 1, (T, in_size)).astype(np.float32)
+            for hidden in ([H], [H, 33]):
+                layers = random_layers(rng, in_size, hidden)
+                for rs in (False, True):
+                    k = NativeLSTM(layers, T, rs, portable=portable)
+                    assert k.isa == ("portable" if portable else k.isa)
+                    y = k.run(x)
+                    want = reference_lstm(layers, x, rs)
+                    assert y.shape == want.shape == ((T, hidden[-1]) if rs else (hidden[-1],))
+                    err = np.abs(y - want).max()
+                    assert err < BOUND, (H, in_size, T, hidden, rs, err)
+
+
+@pytest.mark.parametrize("portable", ISAS, ids=["native", "portable"])
+def test_activation_error(portable):
+    x = np.linspace(-20, 20, 1 << 18).astype(np.float32)
+    th, sg = activations(x, portable)
+    x64 = x.astype(np.float64)
+    assert np.abs(th - np.tanh(x64)).max() < 4e-7
+    assert np.abs(sg - _sigmoid(x64)).max() < 2.5e-7
+
+
+def test_run_reuses_one_buffer_and_accepts_batch_of_one(rng):
+    layers = random_layers(rng, 13, [7])
+    k = NativeLSTM(layers, 5, True)
+    x = rng.normal(0, 1, (5, 13)).astype(np.float32)
+    a = k.run(x)
+    first = a.copy()
+    b = k.run(x[None])
+    assert a is b is k.out
+    np.testing.assert_array_equal(b, first)               # no state carried between calls
+    y = np.empty_like(k.out)
+    k.run_ptr(x.ctypes.data, y.ctypes.data)
+    np.testing.assert_array_equal(y, first)
+    k.run(np.asfortranarray(x))                              # non-contiguous input: copied, same result
+    np.testing.assert_array_equal(k.out, first)
+    k.close()
+    k.close()
+
+
+def test_typed_errors(rng):
+    layers = random_layers(rng, 13, [7, 5])
+    k = NativeLSTM(layers, 5)
+    with pytest.raises(ShapeError):
+        k.run(np.zeros((5, 12), np.float32))
+    with pytest.raises(ShapeError):
+        k.run(np.zeros((2, 5, 13), np.float32))
+    with pytest.raises(DTypeError):
+        k.run(np.zeros((5, 13), np.float64))
+    with pytest.raises(DTypeError):
+        k.run([[0.0] * 13] * 5)
+    W, U, b = layers[1]
+    for bad in ([layers[0], (W[:-1], U, b)],            # layer 1's input rows != layer 0's H
+                [(W, U[:, :-1], b)],                       # recurrent kernel not (H, 4H)
+                [(W, U, b[:-1])],                          # bias not (4H,)
+                []):
+        with pytest.raises(InputError):
+            NativeLSTM(bad, 5)
+    with pytest.raises(ShapeError):
+        NativeLSTM(layers, 0)
+
+
+def test_no_compiler_or_failed_build_is_board_unavailable(monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGEHFT_CACHE", str(tmp_path))         # nothing cached: it must build
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    with pytest.raises(BoardUnavailableError, match="no C\\+\\+ compiler"):
+        native_lstm.load_library()
+    monkeypatch.setenv("CXX", "false")                          # a "compiler" that fails
+    with pytest.raises(BoardUnavailableError, match="failed"):
+        NativeLSTM(random_layers(np.random.default_rng(0), 3, [2]), 2)
+    assert not list(tmp_path.rglob("*.so"))
+
+
+@pytest.fixture(scope="module")
+def keras_lstms(tmp_path_factory):
+    """tf-keras LSTM models with their float TFLite conversions (tests/make_native_lstm_models.py):
+    ``stack`` (T 20, in 13, LSTM(7) -> LSTM(100), sequences) and ``deeplob_lstm`` (DeepLOB's LSTM(64)
+    over 100 x 192, last step)."""
+    pytest.importorskip("ai_edge_litert")
+    return run_maker(ROOT / "tests" / "make_native_lstm_models.py", tmp_path_factory.mktemp("native_lstm"))
+
+
+@pytest.mark.parametrize("name", ["stack", "deeplob_lstm"])
+def test_matches_keras_and_litert_float_lstm(keras_lstms, name):
+    """The kernel against Keras itself and against LiteRT running the float conversion, where each LSTM
+    is LiteRT's builtin UNIDIRECTIONAL_SEQUENCE_LSTM."""
+    from ai_edge_litert.interpreter import Interpreter
+    d = np.load(keras_lstms / f"{name}.npz")
+    nl = sum(1 for f in d.files if f.startswith("W"))
+    X, Y = d["X"], d["Y"]
+    rs = Y.ndim == 3
+    k = NativeLSTM([(d[f"W{i}"], d[f"U{i}"], d[f"b{i}"]) for i in range(nl)], X.shape[1], rs)
+    it = Interpreter(model_path=str(keras_lstms / f"{name}.tflite"), num_threads=1)
+    it.allocate_tensors()
+    ops = [o["op_name"] for o in it._get_ops_details()]
+    assert ops.count("UNIDIRECTIONAL_SEQUENCE_LSTM") == nl, ops
+    i, o = it.get_input_details()[0]["index"], it.get_output_details()[0]["index"]
+    for w in range(len(X)):
+        it.reset_all_variables()    # the op keeps h, c in variable tensors (edgehft's cpu runtime resets them too)
+        it.set_tensor(i, X[w:w + 1])
+        it.invoke()
+        lite = it.get_tensor(o)[0]
+        y = k.run(X[w])
+        assert np.abs(y - Y[w]).max() < BOUND
+        assert np.abs(y - lite).max() < BOUND
