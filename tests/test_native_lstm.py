@@ -20,6 +20,9 @@ from edgehft.kernels import native_lstm
 from edgehft.kernels.native_lstm import NativeLSTM, activations
 
 BOUND = 2e-6
+# The saturating case drives c to ~15 and back to ~0: fp32 rounding of c (ulp(15) = 9.5e-7) accumulates
+# over 30 steps and survives the cancellation, so it gets its own bound (measured ~7e-6).
+SAT_BOUND = 3e-5
 X86 = platform.machine() in ("x86_64", "AMD64")
 ISAS = [False, pytest.param(True, marks=pytest.mark.skipif(not X86, reason="-mno-avx512f is an x86 flag"))]
 
@@ -28,8 +31,9 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def reference_lstm(layers, x, return_sequences):
-    """Keras LSTM semantics in float64: z = x@W + h@U + b, gates i, f, c, o."""
+def reference_lstm(layers, x, return_sequences, cell_clip=0.0):
+    """Keras LSTM semantics in float64: z = x@W + h@U + b, gates i, f, c, o (c clamped to +-cell_clip
+    when > 0, as TFLite does)."""
     X = np.asarray(x, np.float64)
     for W, U, b in layers:
         W, U, b = (np.asarray(a, np.float64) for a in (W, U, b))
@@ -38,6 +42,8 @@ def reference_lstm(layers, x, return_sequences):
         for t in range(X.shape[0]):
             z = X[t] @ W + h @ U + b
             c = _sigmoid(z[H:2 * H]) * c + _sigmoid(z[:H]) * np.tanh(z[2 * H:3 * H])
+            if cell_clip > 0:
+                c = np.clip(c, -cell_clip, cell_clip)
             h = _sigmoid(z[3 * H:]) * np.tanh(c)
             seq.append(h)
         X = np.array(seq)
@@ -73,6 +79,27 @@ def test_matches_float64_lstm(H, portable):
                     assert y.shape == want.shape == ((T, hidden[-1]) if rs else (hidden[-1],))
                     err = np.abs(y - want).max()
                     assert err < BOUND, (H, in_size, T, hidden, rs, err)
+
+
+@pytest.mark.parametrize("portable", ISAS, ids=["native", "portable"])
+def test_cell_clip(portable):
+    """c driven up by ~1 per step for 15 steps, then down (make_native_lstm_models.saturating): with
+    cell_clip 10 the kernel follows the clipped reference, without it the unclipped one (and the two
+    differ, so the clip really engaged)."""
+    from make_native_lstm_models import saturating
+    rng = np.random.default_rng(5)
+    for H in (3, 100):
+        (W, U, b), = random_layers(rng, 4, [H])
+        x = rng.normal(0, 1, (1, 30, 4)).astype(np.float32)
+        saturating(W, U, b, x)
+        x = x[0]
+        clipped, free = (reference_lstm([(W, U, b)], x, True, clip) for clip in (10.0, 0.0))
+        assert np.abs(clipped - free).max() > 1e-3
+        for clip, want in ((10.0, clipped), (0.0, free)):
+            y = NativeLSTM([(W, U, b)], 30, True, cell_clip=clip, portable=portable).run(x)
+            assert np.abs(y - want).max() < SAT_BOUND, (H, clip, np.abs(y - want).max())
+    with pytest.raises(InputError):
+        NativeLSTM([(W, U, b)], 30, cell_clip=-1)
 
 
 @pytest.mark.parametrize("portable", ISAS, ids=["native", "portable"])
@@ -138,22 +165,36 @@ def test_no_compiler_or_failed_build_is_board_unavailable(monkeypatch, tmp_path)
 @pytest.fixture(scope="module")
 def keras_lstms(tmp_path_factory):
     """tf-keras LSTM models with their float TFLite conversions (tests/make_native_lstm_models.py):
-    ``stack`` (T 20, in 13, LSTM(7) -> LSTM(100), sequences) and ``deeplob_lstm`` (DeepLOB's LSTM(64)
-    over 100 x 192, last step)."""
+    ``stack`` (T 20, in 13, LSTM(7) -> LSTM(100), sequences), ``deeplob_lstm`` (DeepLOB's LSTM(64)
+    over 100 x 192, last step) and ``saturating`` (LSTM(9) whose |c| passes 10)."""
     pytest.importorskip("ai_edge_litert")
     return run_maker(ROOT / "tests" / "make_native_lstm_models.py", tmp_path_factory.mktemp("native_lstm"))
 
 
-@pytest.mark.parametrize("name", ["stack", "deeplob_lstm"])
+def _cell_clips(tflite: bytes) -> list[float]:
+    from ai_edge_litert import schema_py_generated as s
+    m = s.ModelT.InitFromPackedBuf(tflite, 0)
+    return [op.builtinOptions.cellClip for op in m.subgraphs[0].operators
+            if isinstance(op.builtinOptions, s.UnidirectionalSequenceLSTMOptionsT)]
+
+
+@pytest.mark.parametrize("name", ["stack", "deeplob_lstm", "saturating"])
 def test_matches_keras_and_litert_float_lstm(keras_lstms, name):
-    """The kernel against Keras itself and against LiteRT running the float conversion, where each LSTM
-    is LiteRT's builtin UNIDIRECTIONAL_SEQUENCE_LSTM."""
+    """The kernel against Keras itself (no cell clip) and, with the op's cell_clip, against LiteRT
+    running the float conversion, where each LSTM is LiteRT's builtin UNIDIRECTIONAL_SEQUENCE_LSTM. On
+    ``saturating`` Keras and LiteRT disagree (the converter's cell_clip 10 engages): the kernel follows
+    each with the matching option."""
     from ai_edge_litert.interpreter import Interpreter
     d = np.load(keras_lstms / f"{name}.npz")
     nl = sum(1 for f in d.files if f.startswith("W"))
     X, Y = d["X"], d["Y"]
     rs = Y.ndim == 3
-    k = NativeLSTM([(d[f"W{i}"], d[f"U{i}"], d[f"b{i}"]) for i in range(nl)], X.shape[1], rs)
+    layers = [(d[f"W{i}"], d[f"U{i}"], d[f"b{i}"]) for i in range(nl)]
+    clips = _cell_clips((keras_lstms / f"{name}.tflite").read_bytes())
+    assert len(set(clips)) == 1 and clips[0] == 10.0, clips
+    k = NativeLSTM(layers, X.shape[1], rs)
+    kc = NativeLSTM(layers, X.shape[1], rs, cell_clip=clips[0])
+    bound = SAT_BOUND if name == "saturating" else BOUND
     it = Interpreter(model_path=str(keras_lstms / f"{name}.tflite"), num_threads=1)
     it.allocate_tensors()
     ops = [o["op_name"] for o in it._get_ops_details()]
@@ -164,6 +205,7 @@ def test_matches_keras_and_litert_float_lstm(keras_lstms, name):
         it.set_tensor(i, X[w:w + 1])
         it.invoke()
         lite = it.get_tensor(o)[0]
-        y = k.run(X[w])
-        assert np.abs(y - Y[w]).max() < BOUND
-        assert np.abs(y - lite).max() < BOUND
+        assert np.abs(k.run(X[w]) - Y[w]).max() < bound
+        assert np.abs(kc.run(X[w]) - lite).max() < bound
+        if name == "saturating":
+            assert np.abs(lite - Y[w]).max() > 1e-3

@@ -5,6 +5,8 @@
 //     z = x_t @ W + h_{t-1} @ U + b           W (in, 4H), U (H, 4H), b (4H,)
 //     i = sigmoid(z_i)  f = sigmoid(z_f)  g = tanh(z_c)  o = sigmoid(z_o)
 //     c_t = f * c_{t-1} + i * g               h_t = o * tanh(c_t)
+// optionally with c_t clamped to +-cell_clip (TFLite's UNIDIRECTIONAL_SEQUENCE_LSTM cell_clip option; the
+// TF converter sets 10 for a Keras LSTM, which itself never clips).
 // Layer l's input is layer l-1's full h sequence. Output: the last layer's h sequence (T, H) or its
 // last step (H,).
 //
@@ -162,21 +164,25 @@ inline void recur_chunk(const float* g, const float* hprev, int H, int N, const 
     for (int v = 0; v < NV; v++) _mm512_store_ps(z + 16 * (v0 + v), acc[v]);
 }
 
-// Gates from z (Keras order, 4H contiguous): updates c, writes h[0..H).
-inline void gates(const float* z, int H, float* c, float* h) {
+// Gates from z (Keras order, 4H contiguous): updates c (clamped to +-clip when clip > 0), writes h[0..H).
+inline void gates(const float* z, int H, float* c, float* h, float clip) {
+    const __m512 hi = _mm512_set1_ps(clip > 0 ? clip : __builtin_huge_valf());
+    const __m512 lo = _mm512_sub_ps(_mm512_setzero_ps(), hi);
     for (int j = 0; j < H; j += 16) {
         __mmask16 m = (H - j >= 16) ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1);
         __m512 zi = _mm512_maskz_loadu_ps(m, z + j), zf = _mm512_maskz_loadu_ps(m, z + H + j);
         __m512 zc = _mm512_maskz_loadu_ps(m, z + 2 * H + j), zo = _mm512_maskz_loadu_ps(m, z + 3 * H + j);
         __m512 cv = _mm512_maskz_loadu_ps(m, c + j);
         cv = _mm512_fmadd_ps(sigm16(zf), cv, _mm512_mul_ps(sigm16(zi), tanh16(zc)));
+        cv = _mm512_min_ps(_mm512_max_ps(cv, lo), hi);
         _mm512_mask_storeu_ps(c + j, m, cv);
         _mm512_mask_storeu_ps(h + j, m, _mm512_mul_ps(sigm16(zo), tanh16(cv)));
     }
 }
 
 #define EDGEHFT_CHUNK(n) case n: recur_chunk<n>(g, hprev, H, N, U, z, v0); break;
-inline void step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z) {
+inline void step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
+                 float clip) {
     const int NVt = N / 16;
     const int nchunks = (NVt + 27) / 28;               // <= 28 accumulators per pass over h
     int v0 = 0;
@@ -193,7 +199,7 @@ inline void step(const float* g, const float* hprev, int H, int N, const float* 
         }
         v0 += nv;
     }
-    gates(z, H, c, h);
+    gates(z, H, c, h, clip);
 }
 #undef EDGEHFT_CHUNK
 constexpr int kIsa = 1;
@@ -212,7 +218,8 @@ void gemm(const float* X, int ldx, int T, int K, const float* W, int N, const fl
     }
 }
 
-inline void step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z) {
+inline void step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
+                 float clip) {
     for (int n = 0; n < N; n++) z[n] = g[n];
     if (hprev) {
         for (int k = 0; k < H; k++) {
@@ -223,6 +230,7 @@ inline void step(const float* g, const float* hprev, int H, int N, const float* 
     }
     for (int j = 0; j < H; j++) {
         float cv = sigm_s(z[H + j]) * c[j] + sigm_s(z[j]) * tanh_s(z[2 * H + j]);
+        if (clip > 0) cv = std::min(std::max(cv, -clip), clip);
         c[j] = cv;
         h[j] = sigm_s(z[3 * H + j]) * tanh_s(cv);
     }
@@ -237,6 +245,7 @@ struct Layer {
 
 struct Net {
     int T = 0, in0 = 0, return_sequences = 0;
+    float cell_clip = 0;
     Layer* L = nullptr;
     int nl = 0;
     float *G = nullptr, *c = nullptr, *z = nullptr, *seq[2] = {nullptr, nullptr};
@@ -263,13 +272,15 @@ extern "C" {
 int edgehft_lstm_isa() { return kIsa; }
 
 // Copies the weights. Ws[l] (in_l, 4H_l), Us[l] (H_l, 4H_l), bs[l] (4H_l,), Keras layout, float32,
-// in_0 = in0 and in_l = H_{l-1}. Returns nullptr when out of memory or on a bad size.
+// in_0 = in0 and in_l = H_{l-1}. cell_clip > 0 clamps every c_t to [-cell_clip, cell_clip] (TFLite's
+// cell_clip option; Keras has none: pass 0). Returns nullptr when out of memory or on a bad size.
 void* edgehft_lstm_create(int nl, int T, int in0, const int* Hs, const float* const* Ws, const float* const* Us,
-                          const float* const* bs, int return_sequences) {
+                          const float* const* bs, int return_sequences, float cell_clip) {
     if (nl < 1 || T < 1 || in0 < 1) return nullptr;
     Net* n = new (std::nothrow) Net();
     if (!n) return nullptr;
     n->T = T; n->in0 = in0; n->return_sequences = return_sequences ? 1 : 0;
+    n->cell_clip = cell_clip > 0 ? cell_clip : 0;
     n->L = new (std::nothrow) Layer[nl];
     if (!n->L) { delete n; return nullptr; }
     n->nl = nl;
@@ -314,7 +325,7 @@ int edgehft_lstm_run(void* p, const float* x, float* out) {
         seq = n->seq[l & 1];
         for (int t = 0; t < T; t++) {
             const float* hprev = t ? seq + (size_t)(t - 1) * y.Hp : nullptr;
-            step(n->G + (size_t)t * Np, hprev, y.H, Np, y.U, n->c, seq + (size_t)t * y.Hp, n->z);
+            step(n->G + (size_t)t * Np, hprev, y.H, Np, y.U, n->c, seq + (size_t)t * y.Hp, n->z, n->cell_clip);
         }
         X = seq; ldx = y.Hp;
     }

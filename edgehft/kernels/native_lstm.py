@@ -3,7 +3,9 @@ forward in fp32, batch 1, one sequence, one or more stacked layers.
 
 Semantics are Keras / tf-keras ``LSTM`` with its defaults (activation ``tanh``, recurrent activation
 ``sigmoid``, gate order i, f, c, o, zero initial state, no masking): per step
-``z = x_t @ kernel + h @ recurrent_kernel + bias``, ``c = f*c + i*g``, ``h = o*tanh(c)``. tanh is Eigen's
+``z = x_t @ kernel + h @ recurrent_kernel + bias``, ``c = f*c + i*g``, ``h = o*tanh(c)``; optionally with
+TFLite's ``cell_clip`` (c clamped after its update; the TF converter sets 10 for Keras LSTMs, which on
+DeepLOB's real windows is reached: |c| up to ~15). tanh is Eigen's
 rational approximation (max |error| 3.1e-7 against float64 on [-20, 20]), sigmoid(x) = 0.5 + 0.5*tanh(x/2)
 (max |error| ~1.6e-7); sums are fp32. Against a float64 LSTM the outputs differ by ~1e-6 at most for the
 shapes the tests cover (``tests/test_native_lstm.py``).
@@ -83,7 +85,7 @@ def load_library(portable: bool = False, cache_dir: Path | str | None = None) ->
         raise BoardUnavailableError(f"cannot load {path}: {e}", hint=f"delete {path} to rebuild it") from e
     vp, i32 = ctypes.c_void_p, ctypes.c_int
     lib.edgehft_lstm_create.restype = vp
-    lib.edgehft_lstm_create.argtypes = [i32, i32, i32, vp, vp, vp, vp, i32]
+    lib.edgehft_lstm_create.argtypes = [i32, i32, i32, vp, vp, vp, vp, i32, ctypes.c_float]
     lib.edgehft_lstm_run.restype = i32
     lib.edgehft_lstm_run.argtypes = [vp, vp, vp]
     lib.edgehft_lstm_destroy.restype = None
@@ -114,6 +116,9 @@ class NativeLSTM:
         timesteps: T, the sequence length every call uses.
         return_sequences: the last layer's output is the whole sequence ``(T, H)``, else its last step
             ``(H,)`` (earlier layers always pass their sequence on, as stacked Keras LSTMs must).
+        cell_clip: when > 0, every cell state c_t is clamped to [-cell_clip, cell_clip] after its update,
+            as TFLite's ``UNIDIRECTIONAL_SEQUENCE_LSTM`` does with its ``cell_clip`` option (the TF
+            converter writes 10.0 for a Keras LSTM; Keras itself never clips: the default 0 is Keras).
         portable: use the library built without AVX-512F (for tests of that path).
 
     :meth:`run` writes into one preallocated float32 buffer (:attr:`out`) and returns it: copy it if you
@@ -122,7 +127,8 @@ class NativeLSTM:
     cannot be built or loaded.
     """
 
-    def __init__(self, layers, timesteps: int, return_sequences: bool = False, *, portable: bool = False):
+    def __init__(self, layers, timesteps: int, return_sequences: bool = False, *, cell_clip: float = 0.0,
+                 portable: bool = False):
         if not layers:
             raise ShapeError("NativeLSTM needs at least one layer")
         if int(timesteps) < 1:
@@ -149,13 +155,17 @@ class NativeLSTM:
         self.hidden = tuple(Hs)
         self.return_sequences = bool(return_sequences)
         self.input_shape = (T, self.input_size)
+        self.cell_clip = float(cell_clip)
+        if not np.isfinite(self.cell_clip) or self.cell_clip < 0:
+            raise ShapeError(f"cell_clip must be a finite value >= 0 (0: no clipping), got {cell_clip}")
         self._lib = load_library(portable)
         self.isa = "avx512f" if self._lib.edgehft_lstm_isa() else "portable"
         n = len(layers)
         P = ctypes.c_void_p * n
         handle = self._lib.edgehft_lstm_create(
             n, T, self.input_size, (ctypes.c_int * n)(*Hs), P(*[a.ctypes.data for a in Ws]),
-            P(*[a.ctypes.data for a in Us]), P(*[a.ctypes.data for a in bs]), int(self.return_sequences))
+            P(*[a.ctypes.data for a in Us]), P(*[a.ctypes.data for a in bs]), int(self.return_sequences),
+            self.cell_clip)
         if not handle:
             raise MemoryError("edgehft_lstm_create failed (out of memory)")
         self._h = ctypes.c_void_p(handle)
