@@ -56,7 +56,8 @@ def run_golden(draft: Bundle, board, windows: np.ndarray | None, count: int, see
                     g_out[k][n] = r[0]
             deq = [np.empty((0,), np.float32)] * n_out
             source = f"{count} random raw inputs (seed {seed}; no --calib windows given)"
-        return GoldenRun(g_in, g_out, deq, runner.path, cpu_runtime.delegated_ops(runner.interp), source)
+        kernels = runner.op_kernels if runner.interp is None else cpu_runtime.delegated_ops(runner.interp)
+        return GoldenRun(g_in, g_out, deq, runner.path, kernels, source)
     finally:
         runner.close()
 

@@ -90,7 +90,8 @@ def _op_report(ir: TFLiteModel, kernels: dict[int, str], layers: list) -> list[O
         if op.name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and lstm_layers:
             layer = lstm_layers.pop(0)
         kernel = kernels.get(op.index, "builtin")
-        reason = "delegated to XNNPACK" if kernel == "XNNPACK" else "XNNPACK does not take it"
+        reason = {"XNNPACK": "delegated to XNNPACK", "native": "edgehft's native fp32 LSTM kernel (the native "
+                  "plan)"}.get(kernel, "XNNPACK does not take it")
         ops.append(OpPlacement(index=op.index, op=op.name, version=op.version, layer=layer, placement="cpu",
                                reason_code=f"CPU_{kernel.upper()}", reason=reason, kernel=kernel,
                                dtype=out.dtype if out else None))
@@ -184,7 +185,10 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                 say(f"plan {plan}: golden vectors and drift on the cpu runtime")
                 r = _evaluate(f, plan, work / f"plan_{plan}", **ev)
                 cands.append(Candidate(plan, r["draft"], r["gold"], r["drift"], r))
-            say("plans: time " + ", ".join(CANDIDATES) + " interleaved on one pinned core")
+            native = _native_candidate(work, ev, say)
+            if native is not None:
+                cands.append(native)
+            say("plans: time " + ", ".join(c.plan for c in cands) + " interleaved on one pinned core")
             timing = time_plans({c.plan: c.bundle for c in cands}, board, held)
             best, plan_section = choose(cands, timing)
             r = best.evaluated
@@ -249,6 +253,12 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                             golden=golden,
                             notes=[f"the {board.name} board runs every op on the host CPU; 'kernel' says "
                                    "whether XNNPACK or LiteRT's builtin kernel runs it"])
+        if r.get("native_files"):
+            files.update(r["native_files"])
+            report.notes.append("native plan: model.tflite is the dynamic-range graph; native.json runs it with "
+                                "each UNIDIRECTIONAL_SEQUENCE_LSTM on edgehft's native fp32 LSTM kernel (weights "
+                                "from the float conversion) and the other ops on LiteRT. `bench --profile` "
+                                "profiles model.tflite's ops on LiteRT, not the native kernel")
         if plan_section:
             report.plan = plan_section
             if quant != "int8":
@@ -263,8 +273,34 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
     return CompileResult(bundle, report, warnings)
 
 
+def _native_candidate(work: Path, ev: dict, say):
+    """The ``native`` plan (:mod:`edgehft.compiler.native`) when the model has LSTM ops the kernel takes:
+    the dynamic-range graph with each LSTM on the native kernel, weights from the float conversion. None
+    (said why) when it does not apply or cannot run here (no g++)."""
+    from edgehft.compiler.native import native_files
+    from edgehft.compiler.plans import Candidate
+    from edgehft.errors import BoardUnavailableError, LoweringError
+    dyn, flt = work / "worker" / "model_dynamic.tflite", work / "worker" / "model_float.tflite"
+    if not (dyn.is_file() and flt.is_file()):
+        return None
+    try:
+        files = native_files(dyn, weights_from=flt)
+    except LoweringError as exc:
+        if "has no UNIDIRECTIONAL_SEQUENCE_LSTM" not in str(exc):
+            say(f"plan native: not applicable ({exc})")
+        return None
+    say("plan native: golden vectors and drift on the cpu runtime (LSTM on the native kernel)")
+    try:
+        r = _evaluate(dyn, "native", work / "plan_native", extra_files=files, **ev)
+    except BoardUnavailableError as exc:
+        say(f"plan native: skipped ({exc})")
+        return None
+    r["native_files"] = files
+    return Candidate("native", r["draft"], r["gold"], r["drift"], r)
+
+
 def _evaluate(model_file: Path, quant: str, where: Path, *, model, info, board, cal, held, float_outs, source,
-              opts) -> dict:
+              opts, extra_files: dict[str, bytes] | None = None) -> dict:
     """Read ``model_file`` (one plan), run it on the cpu runtime: golden vectors and drift vs Keras.
     Returns ``ir``, ``inputs``/``outputs`` specs, the draft ``manifest`` and ``draft`` bundle, ``gold``,
     ``drift`` (None without a float reference) and ``model_file``."""
@@ -285,6 +321,12 @@ def _evaluate(model_file: Path, quant: str, where: Path, *, model, info, board, 
                         inputs=inputs, outputs=outputs)
     where.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(model_file, where / "model.tflite")
+    if extra_files:                     # the native plan: its chain next to the graph
+        from edgehft.compiler.native import NATIVE_JSON
+        for rel, data in extra_files.items():
+            (where / rel).parent.mkdir(parents=True, exist_ok=True)
+            (where / rel).write_bytes(data)
+        manifest.artifacts["native"] = NATIVE_JSON
     draft = Bundle(where, manifest)
     gold = run_golden(draft, board, held, opts.golden_count, opts.seed)
     drift = None

@@ -8,6 +8,11 @@ fastest candidate at p50 that passes the drift gate becomes the bundle's ``model
 vectors, drift figures and op report are the ones recorded, and the report's ``plan`` section lists every
 candidate with what was measured. The full-int8 graph is kept in the bundle as ``model_int8.tflite``
 (the IR accelerator boards read); they never use ``auto``, so their bit-exact int8 contract is unchanged.
+
+A fourth candidate, ``native`` (:mod:`edgehft.compiler.native`), joins when the model has LSTM ops the
+native kernel takes and g++ is here: the dynamic-range graph with each UNIDIRECTIONAL_SEQUENCE_LSTM run by
+:mod:`edgehft.kernels.native_lstm` in fp32 on the float conversion's weights, measured and gated like the
+others; its golden vectors come from that chain.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CANDIDATES = ("int8", "dynamic", "float")
+CANDIDATES = ("int8", "dynamic", "float")      # converted by the worker; "native" is added when it applies
 
 
 @dataclass
@@ -93,7 +98,10 @@ def choose(cands: list[Candidate], timing: dict) -> tuple[Candidate, dict]:
                "measured_on": {"cpu_model": fp["cpu_model"], "logical_cpus": fp["logical_cpus"],
                                "pinned_cpu": timing["_core"], "threads": 1,
                                "libraries": fp["libraries"]},
-               "reference": (f"model.tflite is the {best.plan} plan; the golden vectors, the drift figures "
+               "reference": ((f"model.tflite is the {best.plan} plan" if best.plan != "native" else
+                              "model.tflite is the dynamic-range graph, run by native.json with its LSTM ops on "
+                              "edgehft's native kernel (the native plan)")
+                             + "; the golden vectors, the drift figures "
                              "and the op table are that plan's, produced by the cpu runtime that runs it"
                              + ("" if best.plan == "int8" else
                                 "; model_int8.tflite is the full-int8 graph (what accelerator boards get), "

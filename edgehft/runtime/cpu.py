@@ -83,6 +83,9 @@ class Runner(_Runner):
         super().__init__(bundle, board, threads=threads, affinity=affinity)
         self.op_resolver = op_resolver
         self.path = interpreter_path(op_resolver)
+        if bundle.manifest.artifacts.get("native"):
+            self._open_native(bundle.manifest.artifacts["native"])
+            return
         self.interp = self._make_interpreter()
         # Stateless models keep the recurrent state of a fused LSTM in variable tensors that Invoke
         # updates in place: without a reset, window n would start from window n-1's final state.
@@ -110,6 +113,68 @@ class Runner(_Runner):
             self._staging_out = [np.empty(s.shape, dtype=s.dtype) for s in outs]
             self.inputs = [InputSlot(s, buf) for s, buf in zip(ins, self._staging_in)]
             self.outputs = [OutputSlot(s, buf) for s, buf in zip(outs, self._staging_out)]
+
+    def _open_native(self, rel: str) -> None:
+        """The ``native`` plan (:mod:`edgehft.compiler.native`): LiteRT segments and native LSTM kernel
+        calls chained as ``native.json`` says; I/O through staging buffers like the safe path."""
+        import json
+
+        from edgehft.kernels.native_lstm import NativeLSTM
+        graph = json.loads((self.bundle.path / rel).read_text())
+        self.interp = None
+        self.stateful_tensors = []
+        self._zero_copy = False
+        self._chain = []
+        self.op_kernels: dict[int, str] = {}      # graph op index -> "XNNPACK" | "native" (else builtin)
+        isa = None
+        for st in graph["steps"]:
+            if st["kind"] == "litert":
+                it = make_interpreter(self.bundle.path / st["model"], self.threads, self.op_resolver)
+                idx = {d["name"]: d["index"] for d in it.get_input_details() + it.get_output_details()}
+                stateful = bool(variable_tensors(self.bundle.path / st["model"]))
+                self.op_kernels.update({st["ops"][i]: v for i, v in delegated_ops(it).items()})
+                self._chain.append(("litert", (it, [(idx[n], n) for n in st["inputs"]],
+                                               [(idx[n], n) for n in st["outputs"]], stateful)))
+            else:
+                with np.load(self.bundle.path / st["weights"]) as w:
+                    k = NativeLSTM([(w["kernel"], w["recurrent_kernel"], w["bias"])], st["timesteps"], True,
+                                   cell_clip=float(w["cell_clip"]))
+                isa = k.isa
+                self.op_kernels[st["op"]] = "native"
+                out = k.out.reshape(1, *k.out.shape)                   # a view: (1, T, H)
+                self._chain.append(("lstm", (k, st["inputs"][0], st["outputs"][0], out)))
+        self.path += f" + edgehft native LSTM ({isa})"
+        self._native_io = (graph["inputs"], graph["outputs"])
+        ins, outs = self._io_specs()
+        self._in_specs, self._out_specs = ins, outs
+        self._staging_in = [np.empty(s.shape, dtype=s.dtype) for s in ins]
+        self._staging_out = [np.empty(s.shape, dtype=s.dtype) for s in outs]
+        self.inputs = [InputSlot(s, buf) for s, buf in zip(ins, self._staging_in)]
+        self.outputs = [OutputSlot(s, buf) for s, buf in zip(outs, self._staging_out)]
+        self._invoke = self._invoke_native
+
+    def _invoke_native(self) -> None:
+        names_in, names_out = self._native_io
+        env = dict(zip(names_in, self._staging_in))
+        for kind, h in self._chain:
+            if kind == "litert":
+                it, ins, outs, stateful = h
+                for idx, name in ins:
+                    it.set_tensor(idx, env[name])
+                if stateful:
+                    it.reset_all_variables()
+                it.invoke()
+                for idx, name in outs:
+                    env[name] = it.get_tensor(idx)
+            else:
+                k, src, dst, out = h
+                x = env[src]
+                if x.dtype != np.float32 or not x.flags.c_contiguous:
+                    x = np.ascontiguousarray(x, np.float32)
+                k.run_ptr(x.ctypes.data)
+                env[dst] = out
+        for name, buf in zip(names_out, self._staging_out):
+            np.copyto(buf, env[name].reshape(buf.shape))
 
     def _bind_float_fast_path(self) -> None:
         """Float plans (``--quant dynamic``/``float``, or ``auto`` choosing one): one float32 input and output.
@@ -174,12 +239,18 @@ class Runner(_Runner):
         d = super().describe()
         d.update(backend="cpu", interpreter=self.path, zero_copy=self._zero_copy,
                  state_reset_per_call=len(self.stateful_tensors))
+        if getattr(self, "_chain", None):
+            d.update(steps=[kind for kind, _ in self._chain])
         return d
 
     def close(self) -> None:
         super().close()
         self.inputs, self.outputs = [], []
         self.interp = None
+        for kind, h in getattr(self, "_chain", []):
+            if kind == "lstm":
+                h[0].close()
+        self._chain = []
 
 
 def variable_tensors(model_file) -> list[str]:
@@ -198,6 +269,8 @@ def delegated_ops(interp) -> dict[int, str]:
     node list. A partition's ops are found by walking back from the delegate node's outputs to its
     inputs.
     """
+    if interp is None:          # the native plan's chain: no whole-model interpreter
+        return {}
     details = interp._get_ops_details()
     originals = [d for d in details if d["op_name"] != "DELEGATE"]
     producer = {}
