@@ -133,8 +133,21 @@ class Runner(_Runner):
                 idx = {d["name"]: d["index"] for d in it.get_input_details() + it.get_output_details()}
                 stateful = bool(variable_tensors(self.bundle.path / st["model"]))
                 self.op_kernels.update({st["ops"][i]: v for i, v in delegated_ops(it).items()})
-                self._chain.append(("litert", (it, [(idx[n], n) for n in st["inputs"]],
-                                               [(idx[n], n) for n in st["outputs"]], stateful)))
+                ins = [(idx[n], n) for n in st["inputs"]]
+                outs = [(idx[n], n) for n in st["outputs"]]
+                views = _stable_views(it, [i for i, _ in ins] + [i for i, _ in outs])
+                if views is not None:       # copy into / read from the interpreter's own buffers
+                    invoke = it._interpreter.Invoke
+                    if stateful:
+                        reset = it._interpreter.ResetVariableTensors
+
+                        def invoke(reset=reset, inv=invoke):
+                            reset()
+                            inv()
+                    self._chain.append(("views", (invoke, list(zip(views[:len(ins)], (n for _, n in ins))),
+                                                  list(zip(views[len(ins):], (n for _, n in outs))), it)))
+                else:
+                    self._chain.append(("litert", (it, ins, outs, stateful)))
             else:
                 with np.load(self.bundle.path / st["weights"]) as w:
                     k = NativeLSTM([(w["kernel"], w["recurrent_kernel"], w["bias"])], st["timesteps"], True,
@@ -152,12 +165,21 @@ class Runner(_Runner):
         self.inputs = [InputSlot(s, buf) for s, buf in zip(ins, self._staging_in)]
         self.outputs = [OutputSlot(s, buf) for s, buf in zip(outs, self._staging_out)]
         self._invoke = self._invoke_native
+        self._bind_fast_paths()
+        self._bind_float_fast_path()
 
     def _invoke_native(self) -> None:
         names_in, names_out = self._native_io
         env = dict(zip(names_in, self._staging_in))
         for kind, h in self._chain:
-            if kind == "litert":
+            if kind == "views":
+                invoke, ins, outs, _ = h
+                for view, name in ins:
+                    np.copyto(view, env[name].reshape(view.shape))
+                invoke()
+                for view, name in outs:
+                    env[name] = view
+            elif kind == "litert":
                 it, ins, outs, stateful = h
                 for idx, name in ins:
                     it.set_tensor(idx, env[name])
@@ -247,10 +269,24 @@ class Runner(_Runner):
         super().close()
         self.inputs, self.outputs = [], []
         self.interp = None
-        for kind, h in getattr(self, "_chain", []):
+        chain, self._chain = getattr(self, "_chain", []), []
+        for kind, h in chain:
             if kind == "lstm":
                 h[0].close()
-        self._chain = []
+
+
+def _stable_views(interp, indices: list[int]):
+    """numpy views of these tensors' buffers when they provably stay put (static shapes, addresses
+    unchanged by an Invoke), else None. The caller then invokes through ``interp._interpreter.Invoke``
+    (``Interpreter.invoke()`` refuses to run while views exist)."""
+    details = {d["index"]: d for d in interp.get_input_details() + interp.get_output_details()}
+    if any(-1 in list(details[i].get("shape_signature", [])) for i in indices):
+        return None
+    before = [interp.tensor(i)().ctypes.data for i in indices]
+    interp.invoke()
+    if [interp.tensor(i)().ctypes.data for i in indices] != before:
+        return None
+    return [interp.tensor(i)() for i in indices]
 
 
 def variable_tensors(model_file) -> list[str]:
