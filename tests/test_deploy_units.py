@@ -77,6 +77,8 @@ def test_board_identity_rules():
     assert board_mismatches(load_board("coral-usb"), {**litert, "edgetpu": {"usb": 1, "pci": 0}}) == []
     assert "no Edge TPU on PCI" in board_mismatches(load_board("coral-pcie"), {**litert, "edgetpu": {"usb": 1, "pci": 0}})[0]
     assert "reads bundle format 0" in board_mismatches(load_board("cpu"), {**litert, "bundle_format_version": 0})[0]
+    assert "no C++ compiler" in board_mismatches(load_board("cpu"), litert, needs_cxx=True)[0]
+    assert board_mismatches(load_board("cpu"), {**litert, "cxx": "/usr/bin/g++"}, needs_cxx=True) == []
 
 
 def test_inventory_formats(tmp_path):

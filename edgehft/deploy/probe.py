@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import re
 import sys
 from importlib import metadata
@@ -73,8 +74,8 @@ def probe_box(root: str | Path = "/") -> dict:
 
     Returns:
         ``{"arch", "hostname", "python", "packages": {name: version}, "pynq_board", "l4t",
-        "device_tree_model", "edgetpu": {"usb": n, "pci": n}, "bundle_format_version"}``; fields the box
-        does not have are None.
+        "device_tree_model", "edgetpu": {"usb": n, "pci": n}, "cxx" (the C++ compiler that builds native
+        kernels on first open), "bundle_format_version"}``; fields the box does not have are None.
     """
     from edgehft.bundle import FORMAT_VERSION
     root = Path(root)
@@ -87,24 +88,29 @@ def probe_box(root: str | Path = "/") -> dict:
         "l4t": parse_l4t(_read(root / "etc/nv_tegra_release")),
         "device_tree_model": _read(root / "proc/device-tree/model"),
         "edgetpu": _edgetpus(root),
+        "cxx": shutil.which(os.environ.get("CXX", "g++")) if root == Path("/") else None,
         "bundle_format_version": FORMAT_VERSION,
     }
 
 
-def board_mismatches(board, facts: dict, bundle_format_version: int = 1) -> list[str]:
+def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_cxx: bool = False) -> list[str]:
     """Why the box described by ``facts`` is not ``board`` (empty when it is).
 
     Rules per backend: cpu — a LiteRT interpreter is installed; pynq — ``BOARD`` equals the board file's
     ``runtime.pynq_board``; jetson — the L4T release starts with the board's ``runtime.l4t`` and every word
     of the board name after ``jetson-`` is in the device-tree model; coral — an Edge TPU on the board's
     ``runtime.device`` bus (usb or pci). Every box needs a LiteRT interpreter (CPU segments, golden checks)
-    unless it is a Jetson, and an edgehft that reads the bundle's format version.
+    unless it is a Jetson, and an edgehft that reads the bundle's format version; ``needs_cxx`` (a cpu
+    bundle on the native plan, whose LSTM kernel is built on the box at first open): a C++ compiler.
     """
     why = []
     pk = facts.get("packages", {})
     if facts.get("bundle_format_version", 0) < bundle_format_version:
         why.append(f"the box's edgehft {pk.get('edgehft', '?')} reads bundle format "
                    f"{facts.get('bundle_format_version')}; this bundle is format {bundle_format_version}")
+    if needs_cxx and not facts.get("cxx"):
+        why.append("no C++ compiler (g++) on the box to build the bundle's native LSTM kernel; install g++ there, "
+                   "or compile with --quant dynamic")
     rt = board.runtime
     has_litert = "ai-edge-litert" in pk or "tflite-runtime" in pk
     if board.backend != "jetson" and not has_litert:
