@@ -91,3 +91,16 @@ def test_native_chain_computes_segments_and_a_keras_lstm(native_bundle):
 def test_native_files_refuses_a_graph_without_lstm(native_bundle, tmp_path):
     with pytest.raises(LoweringError, match="no UNIDIRECTIONAL_SEQUENCE_LSTM"):
         native_files(native_bundle / "native" / "seg0.tflite")
+
+
+def test_profile_times_each_step_of_the_native_chain(native_bundle):
+    import json
+    from edgehft.bench.profile import profile_runner
+    with runtime.open(native_bundle) as r:
+        prof = profile_runner(r, None, rounds=5, warmup=1)
+        assert check_golden(r)["ok"]                             # profiling left the runner as it was
+    chain = json.loads((native_bundle / "native.json").read_text())["steps"]
+    assert [s["placement"] for s in prof["segments"]] == ["cpu" if st["kind"] == "litert" else "native" for st in chain]
+    assert [s["what"] for s in prof["segments"] if s["placement"] == "cpu"] == \
+        [st["model"] for st in chain if st["kind"] == "litert"]
+    assert abs(sum(s["share"] for s in prof["segments"]) - 1) < 1e-9 and prof["ops"] == []

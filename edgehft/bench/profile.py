@@ -185,8 +185,8 @@ def raw_windows(runner, x: np.ndarray | None, count: int = 8) -> list[list[np.nd
 
 
 def profile_runner(runner, x: np.ndarray | None, *, rounds: int = 200, warmup: int = 20) -> dict:
-    """The profile of what ``runner`` runs: per op of its model (cpu board, emulated Coral) or per step
-    and per op of each CPU segment (PYNQ). ``x``: float windows (or None: the golden inputs)."""
+    """The profile of what ``runner`` runs: per op of its model (cpu board, emulated Coral) or per step of
+    a chain (PYNQ; the cpu board's native plan). ``x``: float windows (or None: the golden inputs)."""
     layers = {}
     try:
         layers = {o["index"]: o.get("layer") for o in runner.bundle.report().get("ops", [])}
@@ -204,9 +204,10 @@ def profile_runner(runner, x: np.ndarray | None, *, rounds: int = 200, warmup: i
 
 
 def _profile_steps(runner, x, rounds: int, warmup: int) -> dict:
-    """PYNQ: time each step of the chain (CPU segment invoke, or FPGA kernel call with its copies)."""
+    """A chain of steps — PYNQ (CPU segment invoke, or FPGA kernel call with its copies) or the cpu board's
+    native plan (LiteRT segments, native LSTM kernel calls): time each step."""
     windows = raw_windows(runner, x)
-    names = [t["name"] for t in runner.graph["inputs"]]
+    names = runner.chain_input_names
     steps = runner._steps
     lat = np.empty((rounds, len(steps)), dtype=np.int64)
     perf = time.perf_counter_ns
@@ -229,6 +230,18 @@ def _profile_steps(runner, x, rounds: int, warmup: int) -> dict:
             "threads": runner.threads, "emulated": runner.emulated}
 
 
+def _op_ranges(ops) -> str:
+    """[0, 1, 2, 5, 6] -> "0-2, 5-6" (op indices of a step)."""
+    ops = [o for o in (ops or []) if o is not None]
+    runs: list[list[int]] = []
+    for o in ops:
+        if runs and o == runs[-1][1] + 1:
+            runs[-1][1] = o
+        else:
+            runs.append([o, o])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def print_profile(res: dict, console, top: int = 0) -> None:
     """The profile as tables: ops by time (``top`` > 0: only the slowest ``top``), or segments."""
     from rich.table import Table
@@ -238,7 +251,7 @@ def print_profile(res: dict, console, top: int = 0) -> None:
         for c in ("#", "placement", "what", "ops", "p50 µs", "p90 µs", "share"):
             t.add_column(c, justify="right" if c in ("#", "p50 µs", "p90 µs", "share") else "left")
         for s in res["segments"]:
-            t.add_row(str(s["index"]), s["placement"], str(s["what"]), str(s.get("ops") or ""),
+            t.add_row(str(s["index"]), s["placement"], str(s["what"]), _op_ranges(s.get("ops")),
                       f"{s['us']['p50']:.1f}", f"{s['us']['p90']:.1f}", f"{s['share']:.1%}")
         console.print(t)
         console.print(f"sum of steps (p50): {res['sum_p50_us']:.1f} µs")

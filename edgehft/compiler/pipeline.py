@@ -257,8 +257,8 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
             files.update(r["native_files"])
             report.notes.append("native plan: model.tflite is the dynamic-range graph; native.json runs it with "
                                 "each UNIDIRECTIONAL_SEQUENCE_LSTM on edgehft's native fp32 LSTM kernel (weights "
-                                "from the float conversion) and the other ops on LiteRT. `bench --profile` "
-                                "profiles model.tflite's ops on LiteRT, not the native kernel")
+                                "from the float conversion) and the other ops on LiteRT segments. `bench --profile` "
+                                "times each step of that chain")
         if plan_section:
             report.plan = plan_section
             if quant != "int8":

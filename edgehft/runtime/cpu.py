@@ -125,9 +125,13 @@ class Runner(_Runner):
         self.stateful_tensors = []
         self._zero_copy = False
         self._chain = []
+        self._chain_meta = []                     # per step: placement, model or kernel, graph ops (profile)
         self.op_kernels: dict[int, str] = {}      # graph op index -> "XNNPACK" | "native" (else builtin)
         isa = None
         for st in graph["steps"]:
+            self._chain_meta.append({"placement": "cpu" if st["kind"] == "litert" else "native",
+                                     "model": st.get("model"), "kernel": None if st["kind"] == "litert"
+                                     else "lstm (edgehft native)", "ops": st.get("ops") or [st.get("op")]})
             if st["kind"] == "litert":
                 it = make_interpreter(self.bundle.path / st["model"], self.threads, self.op_resolver)
                 idx = {d["name"]: d["index"] for d in it.get_input_details() + it.get_output_details()}
@@ -168,33 +172,51 @@ class Runner(_Runner):
         self._bind_fast_paths()
         self._bind_float_fast_path()
 
+    @staticmethod
+    def run_step(kind: str, st, h, env: dict) -> None:
+        """Run one step of the native plan's chain on ``env`` (tensor name -> array), in place: a LiteRT
+        segment (through its buffers' views, or set/get_tensor) or a native LSTM kernel call. ``st`` is
+        unused (the PYNQ runner's signature, so ``bench --profile`` times both the same way)."""
+        if kind == "views":
+            invoke, ins, outs, _ = h
+            for view, name in ins:
+                np.copyto(view, env[name].reshape(view.shape))
+            invoke()
+            for view, name in outs:
+                env[name] = view
+        elif kind == "litert":
+            it, ins, outs, stateful = h
+            for idx, name in ins:
+                it.set_tensor(idx, env[name])
+            if stateful:
+                it.reset_all_variables()
+            it.invoke()
+            for idx, name in outs:
+                env[name] = it.get_tensor(idx)
+        else:
+            k, src, dst, out = h
+            x = env[src]
+            if x.dtype != np.float32 or not x.flags.c_contiguous:
+                x = np.ascontiguousarray(x, np.float32)
+            k.run_ptr(x.ctypes.data)
+            env[dst] = out
+
+    @property
+    def _steps(self):
+        """The native chain as ``(kind, step metadata, handle)``; None for a whole-model bundle."""
+        chain = getattr(self, "_chain", None)
+        return [(k, m, h) for (k, h), m in zip(chain, self._chain_meta)] if chain else None
+
+    @property
+    def chain_input_names(self) -> list[str]:
+        return list(self._native_io[0])
+
     def _invoke_native(self) -> None:
         names_in, names_out = self._native_io
         env = dict(zip(names_in, self._staging_in))
+        run = self.run_step
         for kind, h in self._chain:
-            if kind == "views":
-                invoke, ins, outs, _ = h
-                for view, name in ins:
-                    np.copyto(view, env[name].reshape(view.shape))
-                invoke()
-                for view, name in outs:
-                    env[name] = view
-            elif kind == "litert":
-                it, ins, outs, stateful = h
-                for idx, name in ins:
-                    it.set_tensor(idx, env[name])
-                if stateful:
-                    it.reset_all_variables()
-                it.invoke()
-                for idx, name in outs:
-                    env[name] = it.get_tensor(idx)
-            else:
-                k, src, dst, out = h
-                x = env[src]
-                if x.dtype != np.float32 or not x.flags.c_contiguous:
-                    x = np.ascontiguousarray(x, np.float32)
-                k.run_ptr(x.ctypes.data)
-                env[dst] = out
+            run(kind, None, h, env)
         for name, buf in zip(names_out, self._staging_out):
             np.copyto(buf, env[name].reshape(buf.shape))
 

@@ -232,6 +232,10 @@ class Runner(_Runner):
             bufs["y"].invalidate()
             env[st["outputs"][0]["name"]] = np.asarray(bufs["y"])
 
+    @property
+    def chain_input_names(self) -> list[str]:
+        return [t["name"] for t in self.graph["inputs"]]
+
     def _invoke(self) -> None:
         env = {t["name"]: buf for t, buf in zip(self.graph["inputs"], self._staging_in)}
         for kind, st, h in self._steps:
