@@ -74,7 +74,7 @@ def deploy_cmd(bundle, board, host, hosts_file, parallel, keep, dry_run, force, 
     Exit codes: 0 deployed, 2 usage, 3 bad --host or inventory, 6 the local bundle does not match its
     manifest, 8 golden vectors differ on the box, 9 refused or failed (the box keeps its previous version;
     with --hosts: any host failed), 10 unreachable (connection, authentication, unknown or changed host key)."""
-    from edgehft.deploy.deploy import deploy, deploy_many
+    from edgehft.deploy.deploy import deploy_many
     from edgehft.deploy.inventory import read_inventory
     if bool(host) == bool(hosts_file):
         raise click.UsageError("give one of --host user@box or --hosts FILE")
@@ -90,11 +90,7 @@ def deploy_cmd(bundle, board, host, hosts_file, parallel, keep, dry_run, force, 
         boards.append(b)
     quiet = as_json or len(targets) > 1
     opts = dict(force=force, dry_run=dry_run, keep=keep, emulate=emulate, on_step=_step_printer(quiet))
-    if len(set(boards)) == 1:
-        results = deploy_many(targets, bundle, boards[0], parallel=parallel, **opts) if len(targets) > 1 \
-            else [deploy(targets[0], bundle, boards[0], **opts)]
-    else:
-        results = [deploy(t, bundle, b, **opts) for t, b in zip(targets, boards)]
+    results = deploy_many(targets, bundle, boards, parallel=parallel, **opts)
     failed = [r for r in results if not r.ok]
     if as_json:
         click.echo(json.dumps({"results": [r.to_json() for r in results], "failed": len(failed)}))

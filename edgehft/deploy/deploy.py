@@ -176,11 +176,12 @@ def _discard(target: SshTarget, vid: str, reason: str) -> None:
         pass        # unreachable now: the next deploy removes the staged copy
 
 
-def deploy_many(targets: list[SshTarget], bundle_dir, board: str | None = None, parallel: int = 8,
+def deploy_many(targets: list[SshTarget], bundle_dir, boards: list[str | None], parallel: int = 8,
                 **kw) -> list[DeployResult]:
-    """:func:`deploy` to each target, ``parallel`` at a time; results in the order of ``targets``."""
+    """:func:`deploy` to each target as its board in ``boards`` (None: the bundle's), ``parallel`` at a
+    time; results in the order of ``targets``."""
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        return list(pool.map(lambda t: deploy(t, bundle_dir, board, **kw), targets))
+        return list(pool.map(lambda tb: deploy(tb[0], bundle_dir, tb[1], **kw), zip(targets, boards)))
 
 
 def box_status(target: SshTarget) -> dict:
