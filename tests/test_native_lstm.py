@@ -82,6 +82,24 @@ def test_matches_float64_lstm(H, portable):
 
 
 @pytest.mark.parametrize("portable", ISAS, ids=["native", "portable"])
+def test_projected_input_runs_only_the_recurrence(portable):
+    """projected(): the input is x_t @ W + b for every step (what the native-bf16 plan computes on the conv
+    kernel); given it exactly, the output is the full LSTM's. Stacked nets refuse it."""
+    rng = np.random.default_rng(11)
+    for H, in_size, T in ((64, 192, 100), (7, 13, 5), (100, 3, 20)):
+        (W, U, b), = layers = random_layers(rng, in_size, [H])
+        x = rng.normal(0, 1, (T, in_size)).astype(np.float32)
+        g = (x.astype(np.float64) @ W + b).astype(np.float32)
+        k = NativeLSTM(layers, T, True, portable=portable).projected()
+        assert k.input_shape == (T, 4 * H)
+        k.run_ptr(np.ascontiguousarray(g).ctypes.data)
+        assert np.abs(k.out - reference_lstm(layers, x, True)).max() < BOUND
+        assert np.abs(k.run(g) - reference_lstm([(np.eye(4 * H), U, b * 0)], g, True)).max() < BOUND
+    with pytest.raises(ShapeError, match="single-layer"):
+        NativeLSTM(random_layers(rng, 4, [3, 3]), 5).projected()
+
+
+@pytest.mark.parametrize("portable", ISAS, ids=["native", "portable"])
 def test_cell_clip(portable):
     """c driven up by ~1 per step for 15 steps, then down (make_native_lstm_models.saturating): with
     cell_clip 10 the kernel follows the clipped reference, without it the unclipped one (and the two

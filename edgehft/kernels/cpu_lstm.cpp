@@ -310,31 +310,56 @@ void* edgehft_lstm_create(int nl, int T, int in0, const int* Hs, const float* co
 
 void edgehft_lstm_destroy(void* p) { destroy(static_cast<Net*>(p)); }
 
-// x: (T, in0) float32 row-major; out: (T, H_last) when return_sequences else (H_last,). Returns 0.
-int edgehft_lstm_run(void* p, const float* x, float* out) {
-    Net* n = static_cast<Net*>(p);
-    const int T = n->T;
-    const float* X = x;
-    int ldx = n->in0;
-    float* seq = nullptr;
-    for (int l = 0; l < n->nl; l++) {
-        const Layer& y = n->L[l];
-        const int Np = y.Np;
-        gemm(X, ldx, T, y.in, y.W, Np, y.b, n->G);
-        memset(n->c, 0, sizeof(float) * y.Hp);
-        seq = n->seq[l & 1];
-        for (int t = 0; t < T; t++) {
-            const float* hprev = t ? seq + (size_t)(t - 1) * y.Hp : nullptr;
-            step(n->G + (size_t)t * Np, hprev, y.H, Np, y.U, n->c, seq + (size_t)t * y.Hp, n->z, n->cell_clip);
-        }
-        X = seq; ldx = y.Hp;
+namespace {
+// Layer l's recurrence over G (already x @ W + b for every step), then the output copy when l is the last.
+float* recur(Net* n, int l) {
+    const Layer& y = n->L[l];
+    memset(n->c, 0, sizeof(float) * y.Hp);
+    float* seq = n->seq[l & 1];
+    for (int t = 0; t < n->T; t++) {
+        const float* hprev = t ? seq + (size_t)(t - 1) * y.Hp : nullptr;
+        step(n->G + (size_t)t * y.Np, hprev, y.H, y.Np, y.U, n->c, seq + (size_t)t * y.Hp, n->z, n->cell_clip);
     }
+    return seq;
+}
+
+void write_out(const Net* n, const float* seq, float* out) {
     const Layer& last = n->L[n->nl - 1];
+    const int T = n->T;
     if (n->return_sequences) {
         for (int t = 0; t < T; t++) memcpy(out + (size_t)t * last.H, seq + (size_t)t * last.Hp, sizeof(float) * last.H);
     } else {
         memcpy(out, seq + (size_t)(T - 1) * last.Hp, sizeof(float) * last.H);
     }
+}
+}  // namespace
+
+// x: (T, in0) float32 row-major; out: (T, H_last) when return_sequences else (H_last,). Returns 0.
+int edgehft_lstm_run(void* p, const float* x, float* out) {
+    Net* n = static_cast<Net*>(p);
+    const float* X = x;
+    int ldx = n->in0;
+    float* seq = nullptr;
+    for (int l = 0; l < n->nl; l++) {
+        const Layer& y = n->L[l];
+        gemm(X, ldx, n->T, y.in, y.W, y.Np, y.b, n->G);
+        seq = recur(n, l);
+        X = seq; ldx = y.Hp;
+    }
+    write_out(n, seq, out);
+    return 0;
+}
+
+// Single-layer nets only: g (T, 4H) float32 is the input projection x_t @ W + b computed elsewhere (the
+// native-bf16 plan computes it on the conv kernel); runs the recurrence on it. Returns 0, or 1 when the
+// net has more than one layer.
+int edgehft_lstm_run_projected(void* p, const float* g, float* out) {
+    Net* n = static_cast<Net*>(p);
+    if (n->nl != 1) return 1;
+    const Layer& y = n->L[0];
+    const int N = 4 * y.H;
+    for (int t = 0; t < n->T; t++) memcpy(n->G + (size_t)t * y.Np, g + (size_t)t * N, sizeof(float) * N);
+    write_out(n, recur(n, 0), out);
     return 0;
 }
 

@@ -56,45 +56,57 @@ def _cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
-def library_path(flags=NATIVE_FLAGS, cache_dir: Path | str | None = None) -> Path:
-    """Where the library for ``flags`` lives in the cache (built or not)."""
+def library_path(flags=NATIVE_FLAGS, cache_dir: Path | str | None = None, source: Path = SOURCE) -> Path:
+    """Where the library built from ``source`` with ``flags`` lives in the cache (built or not)."""
     cxx = shutil.which(os.environ.get("CXX", "g++")) or "g++"
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join((*CXXFLAGS, *flags)).encode(), cxx.encode(), _cpu_flags().encode()):
+    for part in (source.read_bytes(), " ".join((*CXXFLAGS, *flags)).encode(), cxx.encode(), _cpu_flags().encode()):
         h.update(part)
         h.update(b"\0")
-    return Path(cache_dir or default_cache_dir()) / f"libedgehft_cpu_lstm-{h.hexdigest()[:16]}.so"
+    return Path(cache_dir or default_cache_dir()) / f"libedgehft_{source.stem}-{h.hexdigest()[:16]}.so"
 
 
-def load_library(portable: bool = False, cache_dir: Path | str | None = None) -> ctypes.CDLL:
-    """Build (if not cached) and load the kernel library. ``portable`` builds without AVX-512F."""
-    flags = PORTABLE_FLAGS if portable else NATIVE_FLAGS
-    path = library_path(flags, cache_dir)
+def cached_library(source: Path, flags, cache_dir: Path | str | None = None) -> ctypes.CDLL:
+    """Build ``source`` (one .cpp) into the cache if it is not there yet, and load it (once per process).
+    Raises :class:`~edgehft.errors.BoardUnavailableError` without the source, a compiler, or on a failed
+    build or load."""
+    path = library_path(flags, cache_dir, source)
     key = (str(path),)
     if key in _LIBS:
         return _LIBS[key]
     if not path.is_file():
-        if not SOURCE.is_file():
-            raise BoardUnavailableError(f"the native LSTM kernel's source is missing ({SOURCE})",
-                                        hint="reinstall edgehft; the wheel ships edgehft/kernels/cpu_lstm.cpp")
-        with tempfile.TemporaryDirectory(prefix="edgehft-lstm-src-") as d:
-            shutil.copyfile(SOURCE, Path(d) / SOURCE.name)       # build_library compiles a directory
+        if not source.is_file():
+            raise BoardUnavailableError(f"the native kernel's source is missing ({source})",
+                                        hint=f"reinstall edgehft; the wheel ships edgehft/kernels/{source.name}")
+        with tempfile.TemporaryDirectory(prefix="edgehft-native-src-") as d:
+            shutil.copyfile(source, Path(d) / source.name)       # build_library compiles a directory
             build_library(path, Path(d), flags)
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as e:
         raise BoardUnavailableError(f"cannot load {path}: {e}", hint=f"delete {path} to rebuild it") from e
+    _LIBS[key] = lib
+    return lib
+
+
+def load_library(portable: bool = False, cache_dir: Path | str | None = None) -> ctypes.CDLL:
+    """Build (if not cached) and load the kernel library. ``portable`` builds without AVX-512F."""
+    lib = cached_library(SOURCE, PORTABLE_FLAGS if portable else NATIVE_FLAGS, cache_dir)
+    if getattr(lib, "_edgehft_typed", False):
+        return lib
     vp, i32 = ctypes.c_void_p, ctypes.c_int
     lib.edgehft_lstm_create.restype = vp
     lib.edgehft_lstm_create.argtypes = [i32, i32, i32, vp, vp, vp, vp, i32, ctypes.c_float]
     lib.edgehft_lstm_run.restype = i32
     lib.edgehft_lstm_run.argtypes = [vp, vp, vp]
+    lib.edgehft_lstm_run_projected.restype = i32
+    lib.edgehft_lstm_run_projected.argtypes = [vp, vp, vp]
     lib.edgehft_lstm_destroy.restype = None
     lib.edgehft_lstm_destroy.argtypes = [vp]
     lib.edgehft_lstm_isa.restype = i32
     lib.edgehft_lstm_act_probe.restype = None
     lib.edgehft_lstm_act_probe.argtypes = [vp, vp, vp, i32]
-    _LIBS[key] = lib
+    lib._edgehft_typed = True
     return lib
 
 
@@ -192,6 +204,16 @@ class NativeLSTM:
         """Hot path without checks: ``x_ptr`` addresses T*in float32, ``out_ptr`` (default :attr:`out`)
         room for the output."""
         self._run(self._h, x_ptr, self._outp if out_ptr is None else out_ptr)
+
+    def projected(self) -> "NativeLSTM":
+        """From now on :meth:`run_ptr` takes the input projection ``x_t @ kernel + bias`` for every step,
+        ``(T, 4H)`` float32, computed elsewhere, and runs only the recurrence. Single-layer nets only
+        (``ShapeError`` otherwise)."""
+        if len(self.hidden) != 1:
+            raise ShapeError("a projected input needs a single-layer LSTM")
+        self._run = self._lib.edgehft_lstm_run_projected
+        self.input_shape = (self.timesteps, 4 * self.hidden[0])
+        return self
 
     def close(self) -> None:
         h, self._h = getattr(self, "_h", None), None

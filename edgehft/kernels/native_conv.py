@@ -1,0 +1,154 @@
+"""edgehft's native CPU CONV_2D kernel (``edgehft/kernels/cpu_conv.cpp``) through ctypes: TFLite CONV_2D
+(NHWC, batch 1, dilation 1, SAME/VALID) with bfloat16 operands and fp32 sums, on AMX tiles where the CPU
+and the OS allow them (Intel Sapphire Rapids and later), else a portable loop with the same rounded operands.
+
+Numerics: the input and the weights are rounded to bfloat16 (round to nearest even; 8 significant bits, a
+relative error of at most 2^-9 each), every product and sum is fp32, then the bias and the activation
+(none, relu, relu6, relu_n1_to_1, or a fused following LEAKY_RELU with its alpha) in fp32. Against a
+float64 conv of the unrounded operands the error is that of the rounding (tests bound it at 2^-8 of the
+sum of |products|); the AMX and portable paths differ only in summation order.
+
+Every kernel size, stride and SAME/VALID padding is taken (the input is copied into a zero-padded bf16
+buffer; tiles read it without an im2col copy, over all output pixels at once when they are evenly spaced
+in that buffer, e.g. kx1 SAME or 1xk VALID convs that tile the width, else row by row). Dilation is not
+(the compiler leaves such convs on LiteRT).
+
+    k = NativeConv2D(weights_ohwi, bias, in_hw=(100, 20), channels=32, stride=(1, 1), padding="SAME",
+                     activation="leaky_relu", alpha=0.01)
+    y = k.run(x)       # x (100, 20, 32) or (1, 100, 20, 32) float32 -> y (1, Ho, Wo, Co) (a reused buffer)
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from edgehft.errors import DTypeError, ShapeError
+from edgehft.kernels.native_lstm import NATIVE_FLAGS, cached_library
+
+SOURCE = Path(__file__).resolve().parent / "cpu_conv.cpp"
+ACTIVATIONS = {"none": 0, "relu": 1, "relu6": 2, "relu_n1_to_1": 3, "leaky_relu": 4}
+
+
+def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
+    """Build (if not cached) and load the conv library; raises ``BoardUnavailableError`` like the LSTM's."""
+    lib = cached_library(SOURCE, NATIVE_FLAGS, cache_dir)
+    if getattr(lib, "_edgehft_typed", False):
+        return lib
+    vp, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.edgehft_conv_create.restype = vp
+    lib.edgehft_conv_create.argtypes = [vp, vp, vp, i32, ctypes.c_float, i32]
+    lib.edgehft_conv_run.restype = i32
+    lib.edgehft_conv_run.argtypes = [vp, vp, vp]
+    lib.edgehft_conv_isa.restype = i32
+    lib.edgehft_conv_isa.argtypes = [vp]
+    lib.edgehft_conv_amx.restype = i32
+    lib.edgehft_conv_destroy.restype = None
+    lib.edgehft_conv_destroy.argtypes = [vp]
+    lib._edgehft_typed = True
+    return lib
+
+
+def amx_available() -> bool:
+    """True when this process can run the AMX-BF16 path (CPU flags and the Linux permission request)."""
+    return bool(load_library().edgehft_conv_amx())
+
+
+def geometry(in_hw, kernel_hw, stride, padding: str) -> tuple[int, int, int, int]:
+    """TFLite's output size and leading padding: ``(Ho, Wo, pad_top, pad_left)`` for SAME or VALID."""
+    (H, W), (kh, kw), (sh, sw) = in_hw, kernel_hw, stride
+    if padding.upper() == "SAME":
+        Ho, Wo = -(-H // sh), -(-W // sw)
+        ph = max((Ho - 1) * sh + kh - H, 0) // 2
+        pw = max((Wo - 1) * sw + kw - W, 0) // 2
+    elif padding.upper() == "VALID":
+        Ho, Wo, ph, pw = (H - kh) // sh + 1, (W - kw) // sw + 1, 0, 0
+    else:
+        raise ShapeError(f"padding {padding!r}: SAME or VALID")
+    return Ho, Wo, ph, pw
+
+
+def supported(in_hw, kernel_hw, stride, padding: str) -> str | None:
+    """None when the native kernel takes this conv geometry, else the reason it does not."""
+    if min(*in_hw, *kernel_hw, *stride) < 1:
+        return f"sizes must be >= 1 (input {tuple(in_hw)}, kernel {tuple(kernel_hw)}, stride {tuple(stride)})"
+    Ho, Wo, _, _ = geometry(in_hw, kernel_hw, stride, padding)
+    if Ho < 1 or Wo < 1:
+        return f"empty output ({Ho}x{Wo}): the kernel is larger than the input"
+    return None
+
+
+class NativeConv2D:
+    """One CONV_2D (+ activation) on the native kernel, weights rounded to bf16 at construction.
+
+    Args:
+        weights: ``(Co, kh, kw, C)`` (TFLite's OHWI filter layout), any float dtype.
+        bias: ``(Co,)`` or None.
+        in_hw: input ``(H, W)``; ``channels`` must equal the filter's C.
+        stride: ``(stride_h, stride_w)``; ``padding``: "SAME" or "VALID" (TFLite's rules).
+        activation: one of :data:`ACTIVATIONS`; ``alpha`` is the LEAKY_RELU slope.
+        portable: run the portable loop even where AMX is available (tests of that path).
+
+    :meth:`run` writes into :attr:`out` ``(1, Ho, Wo, Co)`` float32 and returns it. Raises
+    :class:`~edgehft.errors.ShapeError` for a geometry :func:`supported` refuses or inputs of the wrong
+    shape, ``DTypeError`` for a non-float32 input, ``BoardUnavailableError`` when the kernel cannot be built.
+    """
+
+    def __init__(self, weights, bias, in_hw, channels: int, stride=(1, 1), padding: str = "VALID", *,
+                 activation: str = "none", alpha: float = 0.0, portable: bool = False):
+        w = np.ascontiguousarray(weights, np.float32)
+        if w.ndim != 4 or w.shape[3] != int(channels):
+            raise ShapeError(f"weights must be (Co, kh, kw, {channels}), got {w.shape}")
+        Co, kh, kw, C = w.shape
+        b = None if bias is None else np.ascontiguousarray(bias, np.float32)
+        if b is not None and b.shape != (Co,):
+            raise ShapeError(f"bias must be ({Co},), got {b.shape}")
+        if activation not in ACTIVATIONS:
+            raise ShapeError(f"activation {activation!r}: one of {sorted(ACTIVATIONS)}")
+        H, W = (int(v) for v in in_hw)
+        sh, sw = (int(v) for v in stride)
+        why = supported((H, W), (kh, kw), (sh, sw), padding)
+        if why:
+            raise ShapeError(f"conv {kh}x{kw} stride {(sh, sw)} {padding} on {H}x{W}: {why}")
+        Ho, Wo, ph, pw = geometry((H, W), (kh, kw), (sh, sw), padding)
+        self.input_shape = (H, W, C)
+        self.out = np.zeros((1, Ho, Wo, Co), np.float32)
+        self._lib = lib = load_library()
+        dims = (ctypes.c_int * 12)(H, W, C, Co, kh, kw, sh, sw, ph, pw, Ho, Wo)
+        h = lib.edgehft_conv_create(dims, w.ctypes.data, None if b is None else b.ctypes.data,
+                                    ACTIVATIONS[activation], float(alpha), int(portable))
+        if not h:
+            raise MemoryError("edgehft_conv_create failed (out of memory)")
+        self._h = ctypes.c_void_p(h)
+        self.isa = "amx-bf16" if lib.edgehft_conv_isa(self._h) else "portable"
+        self._outp = ctypes.c_void_p(self.out.ctypes.data)
+        self._run = lib.edgehft_conv_run
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        """``x``: ``(H, W, C)`` or ``(1, H, W, C)`` float32 -> :attr:`out`."""
+        if not isinstance(x, np.ndarray):
+            raise DTypeError(f"expected a numpy float32 array, got {type(x).__name__}")
+        shape = x.shape[1:] if x.ndim == 4 and x.shape[0] == 1 else x.shape
+        if shape != self.input_shape:
+            raise ShapeError(f"input shape {x.shape}, the conv takes {self.input_shape} (or (1, ...) of it)")
+        if x.dtype != np.float32:
+            raise DTypeError(f"input dtype {x.dtype}, the conv takes float32")
+        x = np.ascontiguousarray(x)
+        self._run(self._h, x.ctypes.data, self._outp)
+        return self.out
+
+    def run_ptr(self, x_ptr: int, out_ptr: int | None = None) -> None:
+        """Hot path without checks: ``x_ptr`` addresses H*W*C float32."""
+        self._run(self._h, x_ptr, self._outp if out_ptr is None else out_ptr)
+
+    def close(self) -> None:
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            self._lib.edgehft_conv_destroy(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,128 @@
+"""edgehft's native CONV_2D kernel (edgehft/kernels/cpu_conv.cpp): TFLite CONV_2D semantics with bf16
+operands and fp32 sums, on AMX tiles where this machine has them and on the portable loop everywhere.
+
+The reference is a float64 conv (zero padding as TFLite's SAME/VALID) of the bf16-rounded operands; the
+kernel must match it to fp32 summation error, and must *not* match the unrounded operands that closely
+(it rounds as documented). No timed assertions.
+"""
+import numpy as np
+import pytest
+
+from edgehft.errors import DTypeError, ShapeError
+from edgehft.kernels import native_conv
+from edgehft.kernels.native_conv import NativeConv2D, geometry
+
+pytestmark = pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="needs g++")
+
+AMX = native_conv.amx_available()
+PATHS = [True] + ([False] if AMX else [])          # portable, and AMX where this CPU runs it
+
+
+def bf16(a):
+    """Round float32 to bfloat16 (nearest even), returned as float32."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+def reference_conv(x, w, b, stride, padding, act="none", alpha=0.0):
+    """float64 TFLite CONV_2D: x (H, W, C), w (Co, kh, kw, C) -> (Ho, Wo, Co) and the sum of |products|."""
+    H, W, C = x.shape
+    Co, kh, kw, _ = w.shape
+    Ho, Wo, ph, pw = geometry((H, W), (kh, kw), stride, padding)
+    xp = np.zeros(((Ho - 1) * stride[0] + kh, (Wo - 1) * stride[1] + kw, C))
+    rows, cols = min(H, xp.shape[0] - ph), min(W, xp.shape[1] - pw)
+    xp[ph:ph + rows, pw:pw + cols] = x[:rows, :cols]
+    y = np.zeros((Ho, Wo, Co))
+    mag = np.zeros((Ho, Wo, Co))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[i:i + (Ho - 1) * stride[0] + 1:stride[0], j:j + (Wo - 1) * stride[1] + 1:stride[1]]
+            y += patch @ w[:, i, j, :].T.astype(np.float64)
+            mag += np.abs(patch) @ np.abs(w[:, i, j, :].T.astype(np.float64))
+    if b is not None:
+        y += b
+    y = {"none": y, "relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6), "relu_n1_to_1": np.clip(y, -1, 1),
+         "leaky_relu": np.where(y > 0, y, alpha * y)}[act]
+    return y, mag
+
+
+GEOMETRIES = [   # (H, W, C, Co), (kh, kw), (sh, sw), padding: DeepLOB's convs and others
+    ((100, 40, 1, 32), (1, 2), (1, 2), "VALID"),
+    ((100, 20, 32, 32), (4, 1), (1, 1), "SAME"),
+    ((100, 10, 32, 32), (1, 10), (1, 1), "VALID"),
+    ((100, 1, 64, 64), (5, 1), (1, 1), "SAME"),
+    ((28, 28, 3, 24), (3, 3), (2, 2), "SAME"),          # image conv: row-by-row tiles, W padding
+    ((1, 100, 8, 16), (1, 5), (1, 1), "SAME"),          # a Conv1D as TFLite lowers it
+    ((13, 11, 40, 33), (2, 4), (3, 2), "VALID"),        # Co not a multiple of 16, C*kw not of 32
+    ((50, 7, 3, 17), (3, 1), (2, 1), "SAME"),
+]
+
+
+@pytest.mark.parametrize("portable", PATHS, ids=lambda p: "portable" if p else "amx")
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=lambda g: f"{g[0]}-{g[1]}-{g[2]}-{g[3]}")
+def test_conv_matches_float64_on_bf16_operands(geom, portable):
+    (H, W, C, Co), k, stride, padding = geom
+    rng = np.random.default_rng(H * W + C)
+    w = rng.standard_normal((Co, *k, C)).astype(np.float32)
+    b = rng.standard_normal(Co).astype(np.float32)
+    x = rng.standard_normal((1, H, W, C)).astype(np.float32)
+    conv = NativeConv2D(w, b, (H, W), C, stride, padding, portable=portable)
+    assert conv.isa == ("portable" if portable else "amx-bf16")
+    y = conv.run(x)[0]
+    ref, mag = reference_conv(bf16(x[0]), bf16(w), b, stride, padding)
+    assert y.shape == ref.shape
+    err = np.abs(y - ref)
+    assert (err <= 1e-6 * (mag + np.abs(b))).all(), err.max()
+    # the operands really are rounded: the unrounded float64 conv is much farther away
+    exact, _ = reference_conv(x[0].astype(np.float64), w.astype(np.float64), b, stride, padding)
+    assert np.abs(exact - ref).max() > 20 * err.max()
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "relu6", "relu_n1_to_1", "leaky_relu"])
+def test_activations_and_no_bias(act):
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((20, 3, 1, 12)).astype(np.float32)
+    x = (3 * rng.standard_normal((1, 30, 4, 12))).astype(np.float32)
+    for portable in PATHS:
+        y = NativeConv2D(w, None, (30, 4), 12, (1, 1), "SAME", activation=act, alpha=0.3, portable=portable).run(x)
+        ref, mag = reference_conv(bf16(x[0]), bf16(w), None, (1, 1), "SAME", act, 0.3)
+        assert (np.abs(y[0] - ref) <= 1e-6 * mag + 1e-7).all()
+        if act != "none":
+            assert not np.allclose(ref, reference_conv(bf16(x[0]), bf16(w), None, (1, 1), "SAME")[0])
+
+
+@pytest.mark.skipif(not AMX, reason="this CPU or OS does not run AMX-BF16")
+def test_amx_and_portable_paths_agree():
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 5, 1, 64)).astype(np.float32)
+    x = rng.standard_normal((1, 100, 1, 64)).astype(np.float32)
+    a = NativeConv2D(w, None, (100, 1), 64, (1, 1), "SAME").run(x).copy()
+    p = NativeConv2D(w, None, (100, 1), 64, (1, 1), "SAME", portable=True).run(x)
+    assert np.abs(a - p).max() <= 1e-5 * np.abs(p).max()
+
+
+def test_outputs_are_reproducible_and_buffers_reused():
+    rng = np.random.default_rng(5)
+    conv = NativeConv2D(rng.standard_normal((8, 2, 2, 4)), None, (9, 9), 4, (1, 1), "SAME")
+    x1, x2 = (rng.standard_normal((9, 9, 4)).astype(np.float32) for _ in range(2))
+    y1 = conv.run(x1).copy()
+    assert conv.run(x2) is conv.out and not np.array_equal(conv.out, y1)
+    assert np.array_equal(conv.run(x1), y1)                 # no state left from the previous call
+
+
+def test_bad_shapes_and_dtypes_are_refused():
+    w = np.ones((4, 3, 3, 2), np.float32)
+    with pytest.raises(ShapeError, match=r"\(Co, kh, kw, 5\)"):
+        NativeConv2D(w, None, (8, 8), 5)
+    with pytest.raises(ShapeError, match="bias"):
+        NativeConv2D(w, np.ones(3), (8, 8), 2)
+    with pytest.raises(ShapeError, match="empty output"):
+        NativeConv2D(w, None, (2, 8), 2, padding="VALID")
+    with pytest.raises(ShapeError, match="activation"):
+        NativeConv2D(w, None, (8, 8), 2, activation="gelu")
+    conv = NativeConv2D(w, None, (8, 8), 2, padding="SAME")
+    with pytest.raises(ShapeError, match="input shape"):
+        conv.run(np.ones((8, 7, 2), np.float32))
+    with pytest.raises(DTypeError, match="float32"):
+        conv.run(np.ones((8, 8, 2), np.float64))
