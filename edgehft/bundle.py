@@ -50,7 +50,7 @@ class SourceModel(BaseModel):
 
 
 class Quantization(BaseModel):
-    mode: Literal["int8", "dynamic", "fp16", "float", "native"]
+    mode: Literal["int8", "dynamic", "fp16", "float", "native", "native-bf16"]
     calibration_sha256: str | None = None
     calibration_windows: int = 0
     calibration_source: list[str] = Field(default_factory=list)

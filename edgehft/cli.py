@@ -137,9 +137,13 @@ def main() -> None:
               help="Calibration ticks: windows (.npy/.npz) or raw feed files; repeat for several. Required "
                    "for Keras models; for a quantized .tflite only used for golden vectors.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
-@click.option("--quant", type=click.Choice(["int8", "dynamic", "fp16", "float", "auto"]), default=None,
-              help="Quantization (default: the board file's: auto for cpu, int8 for Coral and PYNQ, fp16 for Jetson). cpu board: auto measures the int8, "
-                   "dynamic and float plans here and keeps the fastest that passes the drift gate.")
+@click.option("--quant", type=click.Choice(["int8", "dynamic", "fp16", "float", "auto", "native", "native-bf16"]),
+              default=None,
+              help="Quantization (default: the board file's: auto for cpu, int8 for Coral and PYNQ, fp16 for Jetson). "
+                   "cpu board: auto measures the int8, dynamic and float plans (and the native plans that apply "
+                   "here) and keeps the fastest that passes the drift gate; native / native-bf16 take that plan "
+                   "alone (native-bf16: CONV_2D and LSTM input projections on edgehft's bf16 AMX kernel, for a "
+                   "box with AMX-BF16).")
 @click.option("--features", default=None, help="Feature pipeline 'file.py:function' (default: the model's sidecar).")
 @click.option("--calib-windows", default=300, show_default=True, help="Windows used for calibration.")
 @click.option("--drift-windows", default=500, show_default=True, help="Held-out windows for the drift check.")

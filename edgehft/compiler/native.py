@@ -1,7 +1,9 @@
-"""The ``native`` plan of the cpu board: a TFLite graph whose UNIDIRECTIONAL_SEQUENCE_LSTM ops run on
-edgehft's native LSTM kernel (:mod:`edgehft.kernels.native_lstm`) and every other op on LiteRT.
+"""The native plans of the cpu board: a TFLite graph whose UNIDIRECTIONAL_SEQUENCE_LSTM ops run on
+edgehft's native LSTM kernel (:mod:`edgehft.kernels.native_lstm`), with ``convs=True`` also its CONV_2D ops
+on the native bf16 conv kernel (:mod:`edgehft.kernels.native_conv`, a following LEAKY_RELU fused), and
+every other op on LiteRT.
 
-The graph is cut (:func:`edgehft.compiler.split.split`) into LiteRT segment models between the LSTM ops;
+The graph is cut (:func:`edgehft.compiler.split.split`) into LiteRT segment models between the native ops;
 ``native.json`` describes the chain (segments and kernel calls, tensors handed over by name) the cpu
 runtime executes. Each LSTM's weights are read from the op's inputs (TFLite order: 0 input, 1-4
 input_to_{input,forget,cell,output}_weights (H, in), 5-8 recurrent_to_* (H, H), 9-11 peepholes, 12-15 gate
@@ -73,6 +75,82 @@ def _const(s, m, g, t: int) -> np.ndarray | None:
                         "or int8 (dynamic-range) weights")
 
 
+@dataclass
+class ConvOp:
+    op: int                     # the CONV_2D's op index; ``ops`` also holds a fused LEAKY_RELU's
+    ops: list
+    weights: np.ndarray         # (Co, kh, kw, C) float32, TFLite OHWI
+    bias: np.ndarray | None
+    in_hw: tuple
+    stride: tuple               # (h, w)
+    padding: str                # SAME | VALID
+    activation: str             # a key of native_conv.ACTIVATIONS
+    alpha: float
+    input: str
+    output: str
+
+
+_ACTS = {0: "none", 1: "relu", 2: "relu_n1_to_1", 3: "relu6"}
+
+
+def conv_ops(model_bytes: bytes) -> tuple[list[ConvOp], dict[int, str]]:
+    """The CONV_2D ops of the main subgraph the native conv kernel takes (float32 activations, batch 1,
+    dilation 1, a geometry :func:`edgehft.kernels.native_conv.supported` accepts, constant weights), each
+    with a directly following LEAKY_RELU fused when the conv's output feeds nothing else; and, per CONV_2D
+    left on LiteRT, why."""
+    from edgehft.kernels.native_conv import supported
+    s = _schema()
+    m = s.ModelT.InitFromPackedBuf(model_bytes, 0)
+    g = m.subgraphs[0]
+    codes = [max(oc.builtinCode, oc.deprecatedBuiltinCode) for oc in m.operatorCodes]
+    B = s.BuiltinOperator
+    readers: dict[int, int] = {}
+    for op in g.operators:
+        for t in op.inputs:
+            readers[int(t)] = readers.get(int(t), 0) + 1
+    graph_out = {int(t) for t in g.outputs}
+    found, skipped = [], {}
+    for k, op in enumerate(g.operators):
+        if codes[op.opcodeIndex] != B.CONV_2D:
+            continue
+        o = op.builtinOptions
+        ins = [int(t) for t in op.inputs]
+        x = g.tensors[ins[0]]
+        why = None
+        if x.type != s.TensorType.FLOAT32 or len(x.shape) != 4 or int(x.shape[0]) != 1:
+            why = "input is not a float32 (1, H, W, C) tensor"
+        elif (o.dilationHFactor or 1) != 1 or (o.dilationWFactor or 1) != 1:
+            why = "dilation other than 1"
+        elif o.fusedActivationFunction not in _ACTS:
+            why = f"fused activation {o.fusedActivationFunction}"
+        if why is None:
+            try:
+                w = _const(s, m, g, ins[1])
+                b = _const(s, m, g, ins[2]) if len(ins) > 2 else None
+            except LoweringError as exc:
+                w, why = None, str(exc)
+            if why is None and (w is None or w.ndim != 4 or int(w.shape[3]) != int(x.shape[3])):
+                why = "filter is not a constant (Co, kh, kw, C) tensor"
+        if why is None:
+            stride, pad = (int(o.strideH), int(o.strideW)), ("SAME" if o.padding == 0 else "VALID")
+            in_hw = (int(x.shape[1]), int(x.shape[2]))
+            why = supported(in_hw, (int(w.shape[1]), int(w.shape[2])), stride, pad)
+        if why:
+            skipped[k] = why
+            continue
+        out = int(op.outputs[0])
+        act, alpha, ops = _ACTS[o.fusedActivationFunction], 0.0, [k]
+        if (act == "none" and k + 1 < len(g.operators) and codes[g.operators[k + 1].opcodeIndex] == B.LEAKY_RELU
+                and [int(t) for t in g.operators[k + 1].inputs] == [out] and readers.get(out) == 1
+                and out not in graph_out):
+            nxt = g.operators[k + 1]
+            act, alpha, ops = "leaky_relu", float(nxt.builtinOptions.alpha), [k, k + 1]
+            out = int(nxt.outputs[0])
+        found.append(ConvOp(k, ops, w.astype(np.float32), None if b is None else b.astype(np.float32), in_hw,
+                            stride, pad, act, alpha, _name(x), _name(g.tensors[out])))
+    return found, skipped
+
+
 def lstm_ops(model_bytes: bytes) -> list[LstmOp]:
     """Every UNIDIRECTIONAL_SEQUENCE_LSTM of the main subgraph, checked and with Keras-layout weights."""
     s = _schema()
@@ -111,15 +189,21 @@ def lstm_ops(model_bytes: bytes) -> list[LstmOp]:
     return found
 
 
-def native_files(model_file: str | Path, weights_from: str | Path | None = None) -> dict[str, bytes]:
+def native_files(model_file: str | Path, weights_from: str | Path | None = None, *,
+                 convs: bool = False) -> dict[str, bytes]:
     """The native plan's files for the graph ``model_file``: ``native.json``, ``native/seg<i>.tflite``,
-    ``native/op<k>.npz`` (kernel, recurrent_kernel, bias, cell_clip). Raises :class:`LoweringError`."""
+    ``native/op<k>.npz`` (LSTM: kernel, recurrent_kernel, bias, cell_clip; conv: weights, bias). With
+    ``convs`` the CONV_2D ops the native conv kernel takes run there too, and so does each single LSTM's
+    input projection (x_t @ kernel + bias for all T steps, a 1x1 conv over (T, 1, in); the LSTM kernel then
+    runs only the recurrence). Raises :class:`LoweringError` when no op goes to a native kernel."""
     from edgehft.compiler.split import split
     data = Path(model_file).read_bytes()
     ops = lstm_ops(data)
-    if not ops:
-        raise LoweringError(f"{Path(model_file).name} has no UNIDIRECTIONAL_SEQUENCE_LSTM op: nothing for the "
-                            "native kernel")
+    cops, skipped = conv_ops(data) if convs else ([], {})
+    if not ops and not cops:
+        raise LoweringError(f"{Path(model_file).name} has no UNIDIRECTIONAL_SEQUENCE_LSTM op"
+                            + (" and no CONV_2D op the native conv kernel takes" if convs else "")
+                            + ": nothing for the native kernels")
     if weights_from is not None:
         other = lstm_ops(Path(weights_from).read_bytes())
         if [(a.kernel.shape, a.recurrent.shape) for a in other] != [(a.kernel.shape, a.recurrent.shape)
@@ -127,18 +211,28 @@ def native_files(model_file: str | Path, weights_from: str | Path | None = None)
             raise LoweringError(f"{Path(weights_from).name}'s LSTM ops do not match {Path(model_file).name}'s")
         for a, b in zip(ops, other):
             a.kernel, a.recurrent, a.bias = b.kernel, b.recurrent, b.bias
+        if cops:
+            oc, _ = conv_ops(Path(weights_from).read_bytes())
+            if [c.weights.shape for c in oc] != [c.weights.shape for c in cops]:
+                raise LoweringError(f"{Path(weights_from).name}'s CONV_2D ops do not match "
+                                    f"{Path(model_file).name}'s")
+            for a, b in zip(cops, oc):
+                a.weights, a.bias = b.weights, b.bias
     s = _schema()
     g = s.ModelT.InitFromPackedBuf(data, 0).subgraphs[0]
-    at = {o.op: o for o in ops}
-    plan, cur = [], []
-    for k in range(len(g.operators)):
+    at: dict = {o.op: o for o in ops}
+    at.update({c.op: c for c in cops})
+    plan, cur, k = [], [], 0
+    while k < len(g.operators):
         if k in at:
             if cur:
                 plan.append(cur)
                 cur = []
             plan.append(k)
+            k += len(at[k].ops) if isinstance(at[k], ConvOp) else 1
         else:
             cur.append(k)
+            k += 1
     if cur:
         plan.append(cur)
     segs = iter(split(data, [p for p in plan if isinstance(p, list)]))
@@ -150,17 +244,37 @@ def native_files(model_file: str | Path, weights_from: str | Path | None = None)
             rel = f"native/seg{i}.tflite"
             files[rel] = seg.data
             steps.append({"kind": "litert", "ops": p, "model": rel, "inputs": seg.inputs, "outputs": seg.outputs})
+            continue
+        o = at[p]
+        rel = f"native/op{p}.npz"
+        buf = io.BytesIO()
+        if isinstance(o, ConvOp):
+            np.savez(buf, weights=o.weights, **({} if o.bias is None else {"bias": o.bias}))
+            steps.append({"kind": "conv2d", "op": p, "ops": o.ops, "weights": rel, "inputs": [o.input],
+                          "outputs": [o.output], "in_hw": list(o.in_hw), "channels": int(o.weights.shape[3]),
+                          "stride": list(o.stride), "padding": o.padding, "activation": o.activation,
+                          "alpha": o.alpha})
         else:
-            o = at[p]
-            rel = f"native/op{p}.npz"
-            buf = io.BytesIO()
             np.savez(buf, kernel=o.kernel, recurrent_kernel=o.recurrent, bias=o.bias,
                      cell_clip=np.float32(o.cell_clip))
-            files[rel] = buf.getvalue()
-            steps.append({"kind": "lstm", "op": p, "weights": rel, "inputs": [o.input], "outputs": [o.output],
+            src = o.input
+            if convs:                   # the input projection on the conv kernel: (T, 1, in) -> (T, 1, 4H)
+                src = f"{o.input}@projection(op{p})"
+                prel = f"native/op{p}_projection.npz"
+                pbuf = io.BytesIO()
+                np.savez(pbuf, weights=np.ascontiguousarray(o.kernel.T[:, None, None, :]), bias=o.bias)
+                files[prel] = pbuf.getvalue()
+                steps.append({"kind": "conv2d", "op": p, "ops": [p], "weights": prel, "inputs": [o.input],
+                              "outputs": [src], "in_hw": [o.timesteps, 1], "channels": int(o.kernel.shape[0]),
+                              "stride": [1, 1], "padding": "VALID", "activation": "none", "alpha": 0.0,
+                              "what": "LSTM input projection"})
+            steps.append({"kind": "lstm", "op": p, "weights": rel, "inputs": [src], "outputs": [o.output],
                           "timesteps": o.timesteps, "input_size": int(o.kernel.shape[0]),
-                          "hidden": int(o.recurrent.shape[0]), "cell_clip": o.cell_clip})
+                          "hidden": int(o.recurrent.shape[0]), "cell_clip": o.cell_clip,
+                          "projected": bool(convs)})
+        files[rel] = buf.getvalue()
     graph = {"inputs": [_name(g.tensors[int(t)]) for t in g.inputs],
-             "outputs": [_name(g.tensors[int(t)]) for t in g.outputs], "steps": steps}
+             "outputs": [_name(g.tensors[int(t)]) for t in g.outputs], "steps": steps,
+             "conv_left_on_litert": {str(k): v for k, v in skipped.items()}}
     files[NATIVE_JSON] = (json.dumps(graph, indent=1) + "\n").encode()
     return files

@@ -81,7 +81,16 @@ def _check_no_loops(ir: TFLiteModel, layers: list) -> None:
     raise LoweringError(f"{which} lowered to a TFLite WHILE loop, not a fused sequence op", hint=fix)
 
 
-def _op_report(ir: TFLiteModel, kernels: dict[int, str], layers: list) -> list[OpPlacement]:
+def _native_reason(op_name: str, plan: str) -> str:
+    if op_name == "UNIDIRECTIONAL_SEQUENCE_LSTM":
+        return ("edgehft native: input projection on the bf16 conv kernel, recurrence on the fp32 LSTM kernel "
+                "(native-bf16 plan)" if plan == "native-bf16" else "edgehft's native fp32 LSTM kernel (native plan)")
+    if op_name == "LEAKY_RELU":
+        return "fused into the CONV_2D before it on edgehft's native bf16 conv kernel (native-bf16 plan)"
+    return "edgehft's native bf16 conv kernel, AMX tiles (native-bf16 plan)"
+
+
+def _op_report(ir: TFLiteModel, kernels: dict[int, str], layers: list, plan: str = "") -> list[OpPlacement]:
     lstm_layers = [n for n, c in layers if c == "LSTM"]
     ops = []
     for op in ir.main.ops:
@@ -90,8 +99,8 @@ def _op_report(ir: TFLiteModel, kernels: dict[int, str], layers: list) -> list[O
         if op.name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and lstm_layers:
             layer = lstm_layers.pop(0)
         kernel = kernels.get(op.index, "builtin")
-        reason = {"XNNPACK": "delegated to XNNPACK", "native": "edgehft's native fp32 LSTM kernel (the native "
-                  "plan)"}.get(kernel, "XNNPACK does not take it")
+        reason = ("delegated to XNNPACK" if kernel == "XNNPACK" else _native_reason(op.name, plan)
+                  if kernel == "native" else "XNNPACK does not take it")
         ops.append(OpPlacement(index=op.index, op=op.name, version=op.version, layer=layer, placement="cpu",
                                reason_code=f"CPU_{kernel.upper()}", reason=reason, kernel=kernel,
                                dtype=out.dtype if out else None))
@@ -157,7 +166,7 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
             np.savez(work / "eval.npz", x=held)
             req = {"model": str(model.resolve()), "quant": quant, "lowering": opts.lowering,
                    "calib_npz": str(work / "calib.npz"), "eval_npz": str(work / "eval.npz")}
-            if quant == "auto":                 # int8 is model.tflite; the other plans model_<plan>.tflite
+            if quant == "auto" or quant.startswith("native"):  # int8 is model.tflite; others model_<plan>.tflite
                 from edgehft.compiler.plans import CANDIDATES
                 req.update(quant="int8", plans=list(CANDIDATES))
             if board.backend == "coral":
@@ -185,14 +194,19 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                 say(f"plan {plan}: golden vectors and drift on the cpu runtime")
                 r = _evaluate(f, plan, work / f"plan_{plan}", **ev)
                 cands.append(Candidate(plan, r["draft"], r["gold"], r["drift"], r))
-            native = _native_candidate(work, ev, say)
-            if native is not None:
-                cands.append(native)
+            cands += _native_candidates(work, ev, say)
             say("plans: time " + ", ".join(c.plan for c in cands) + " interleaved on one pinned core")
             timing = time_plans({c.plan: c.bundle for c in cands}, board, held)
             best, plan_section = choose(cands, timing)
             r = best.evaluated
             quant, model_file = best.plan, r["model_file"]
+        elif quant.startswith("native"):          # one native plan, asked for by name (e.g. for another host)
+            cands = _native_candidates(work, ev, say, only=quant)
+            if not cands:
+                raise LoweringError(f"the {quant} plan does not apply to {model.name} (said above why)",
+                                    hint="compile with --quant auto to choose among the plans that apply")
+            r = cands[0].evaluated
+            model_file = r["model_file"]
         else:
             say("golden vectors and drift on the cpu runtime")
             r = _evaluate(model_file, quant, work / "draft", **ev)
@@ -244,7 +258,7 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
             files.update(stage.files)
             manifest.artifacts, manifest.accelerator = stage.artifacts, stage.accelerator
         else:
-            ops = _op_report(ir, gold.kernels, info["layers"])
+            ops = _op_report(ir, gold.kernels, info["layers"], quant)
             counts: dict[str, int] = {}
             for op in ops:
                 counts[op.kernel] = counts.get(op.kernel, 0) + 1
@@ -255,10 +269,8 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                                    "whether XNNPACK or LiteRT's builtin kernel runs it"])
         if r.get("native_files"):
             files.update(r["native_files"])
-            report.notes.append("native plan: model.tflite is the dynamic-range graph; native.json runs it with "
-                                "each UNIDIRECTIONAL_SEQUENCE_LSTM on edgehft's native fp32 LSTM kernel (weights "
-                                "from the float conversion) and the other ops on LiteRT segments. `bench --profile` "
-                                "times each step of that chain")
+            report.notes.append(f"{quant} plan: {NATIVE_PLANS[quant]}. `bench --profile` times each step of that "
+                                "chain")
         if plan_section:
             report.plan = plan_section
             if quant != "int8":
@@ -273,30 +285,58 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
     return CompileResult(bundle, report, warnings)
 
 
-def _native_candidate(work: Path, ev: dict, say):
-    """The ``native`` plan (:mod:`edgehft.compiler.native`) when the model has LSTM ops the kernel takes:
-    the dynamic-range graph with each LSTM on the native kernel, weights from the float conversion. None
-    (said why) when it does not apply or cannot run here (no g++)."""
+NATIVE_PLANS = {
+    "native": ("model.tflite is the dynamic-range graph; native.json runs it with each "
+               "UNIDIRECTIONAL_SEQUENCE_LSTM on edgehft's native fp32 LSTM kernel (weights from the float "
+               "conversion) and the other ops on LiteRT segments"),
+    "native-bf16": ("model.tflite is the float graph; native.json runs it with each CONV_2D the native conv "
+                    "kernel takes (and a LEAKY_RELU right after it) on edgehft's bf16 conv kernel (AMX tiles; "
+                    "bf16 operands, fp32 sums), each UNIDIRECTIONAL_SEQUENCE_LSTM's input projection on that "
+                    "kernel too and its recurrence on the native fp32 LSTM kernel, and the other ops on LiteRT "
+                    "segments"),
+}
+
+
+def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> list:
+    """The native plans (:mod:`edgehft.compiler.native`) that apply here: ``native`` when the model has
+    LSTM ops the kernel takes (the dynamic-range graph, LSTM weights from the float conversion);
+    ``native-bf16`` when it has CONV_2D or LSTM ops the kernels take and this host runs AMX-BF16 (elsewhere
+    the conv kernel's portable loop is slower than LiteRT: not worth timing). Each is said when skipped.
+    ``only``: that plan alone, asked for by name (native-bf16 then builds where AMX is missing: the bundle
+    is for another host; its golden vectors come from the portable loop)."""
     from edgehft.compiler.native import native_files
     from edgehft.compiler.plans import Candidate
     from edgehft.errors import BoardUnavailableError, LoweringError
     dyn, flt = work / "worker" / "model_dynamic.tflite", work / "worker" / "model_float.tflite"
     if not (dyn.is_file() and flt.is_file()):
-        return None
-    try:
-        files = native_files(dyn, weights_from=flt)
-    except LoweringError as exc:
-        if "has no UNIDIRECTIONAL_SEQUENCE_LSTM" not in str(exc):
-            say(f"plan native: not applicable ({exc})")
-        return None
-    say("plan native: golden vectors and drift on the cpu runtime (LSTM on the native kernel)")
-    try:
-        r = _evaluate(dyn, "native", work / "plan_native", extra_files=files, **ev)
-    except BoardUnavailableError as exc:
-        say(f"plan native: skipped ({exc})")
-        return None
-    r["native_files"] = files
-    return Candidate("native", r["draft"], r["gold"], r["drift"], r)
+        return []
+    out = []
+    for plan, graph, kw in (("native", dyn, {"weights_from": flt}), ("native-bf16", flt, {"convs": True})):
+        if only and plan != only:
+            continue
+        try:
+            if plan == "native-bf16" and not only:
+                from edgehft.kernels.native_conv import amx_available
+                if not amx_available():
+                    say("plan native-bf16: skipped (this CPU or OS does not run AMX-BF16 tiles)")
+                    continue
+            files = native_files(graph, **kw)
+        except LoweringError as exc:
+            if "nothing for the native kernels" not in str(exc):
+                say(f"plan {plan}: not applicable ({exc})")
+            continue
+        except BoardUnavailableError as exc:
+            say(f"plan {plan}: skipped ({exc})")
+            continue
+        say(f"plan {plan}: golden vectors and drift on the cpu runtime (native kernels)")
+        try:
+            r = _evaluate(graph, plan, work / f"plan_{plan}", extra_files=files, **ev)
+        except BoardUnavailableError as exc:
+            say(f"plan {plan}: skipped ({exc})")
+            continue
+        r["native_files"] = files
+        out.append(Candidate(plan, r["draft"], r["gold"], r["drift"], r))
+    return out
 
 
 def _evaluate(model_file: Path, quant: str, where: Path, *, model, info, board, cal, held, float_outs, source,

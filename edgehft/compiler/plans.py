@@ -12,7 +12,9 @@ candidate with what was measured. The full-int8 graph is kept in the bundle as `
 A fourth candidate, ``native`` (:mod:`edgehft.compiler.native`), joins when the model has LSTM ops the
 native kernel takes and g++ is here: the dynamic-range graph with each UNIDIRECTIONAL_SEQUENCE_LSTM run by
 :mod:`edgehft.kernels.native_lstm` in fp32 on the float conversion's weights, measured and gated like the
-others; its golden vectors come from that chain.
+others; its golden vectors come from that chain. A fifth, ``native-bf16``, joins on hosts that run AMX-BF16: the
+float graph with its CONV_2D ops on :mod:`edgehft.kernels.native_conv` (bf16 operands, fp32 sums) and its
+LSTM ops on the native fp32 kernel.
 """
 from __future__ import annotations
 
@@ -92,15 +94,15 @@ def choose(cands: list[Candidate], timing: dict) -> tuple[Candidate, dict]:
                  "argmax_agreement": c.drift.outputs[0].argmax_agreement if c.drift else None,
                  "chosen": c is best} for c in cands]
     from edgehft.bench.fingerprint import machine_fingerprint
+    from edgehft.compiler.pipeline import NATIVE_PLANS
     fp = machine_fingerprint()
     section = {"mode": "auto", "chosen": best.plan, "why": why, "candidates": [c.plan for c in cands],
                "measured": measured,
                "measured_on": {"cpu_model": fp["cpu_model"], "logical_cpus": fp["logical_cpus"],
                                "pinned_cpu": timing["_core"], "threads": 1,
                                "libraries": fp["libraries"]},
-               "reference": ((f"model.tflite is the {best.plan} plan" if best.plan != "native" else
-                              "model.tflite is the dynamic-range graph, run by native.json with its LSTM ops on "
-                              "edgehft's native kernel (the native plan)")
+               "reference": ((f"model.tflite is the {best.plan} plan" if not best.plan.startswith("native") else
+                              f"the {best.plan} plan: {NATIVE_PLANS[best.plan]}")
                              + "; the golden vectors, the drift figures "
                              "and the op table are that plan's, produced by the cpu runtime that runs it"
                              + ("" if best.plan == "int8" else

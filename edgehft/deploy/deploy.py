@@ -122,7 +122,7 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         res.active_before = res.active_after = status.get("active")
         res.box_reached = True
         ctx.update(facts=facts, status=status)
-        native = b.manifest.quantization.mode == "native"
+        native = b.manifest.quantization.mode.startswith("native")
         for why in board_mismatches(spec, facts, b.manifest.format_version, needs_cxx=native):
             if not force:
                 raise DeployError(f"the box is not a {name}: {why}",

@@ -109,7 +109,7 @@ def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_c
         why.append(f"the box's edgehft {pk.get('edgehft', '?')} reads bundle format "
                    f"{facts.get('bundle_format_version')}; this bundle is format {bundle_format_version}")
     if needs_cxx and not facts.get("cxx"):
-        why.append("no C++ compiler (g++) on the box to build the bundle's native LSTM kernel; install g++ there, "
+        why.append("no C++ compiler (g++) on the box to build the bundle's native kernels; install g++ there, "
                    "or compile with --quant dynamic")
     rt = board.runtime
     has_litert = "ai-edge-litert" in pk or "tflite-runtime" in pk

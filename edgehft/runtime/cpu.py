@@ -9,6 +9,8 @@ warm-up ``Invoke``; otherwise every call goes through ``set_tensor``/``invoke``/
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from edgehft.errors import BoardUnavailableError
@@ -115,8 +117,8 @@ class Runner(_Runner):
             self.outputs = [OutputSlot(s, buf) for s, buf in zip(outs, self._staging_out)]
 
     def _open_native(self, rel: str) -> None:
-        """The ``native`` plan (:mod:`edgehft.compiler.native`): LiteRT segments and native LSTM kernel
-        calls chained as ``native.json`` says; I/O through staging buffers like the safe path."""
+        """The native plans (:mod:`edgehft.compiler.native`): LiteRT segments and native LSTM / CONV_2D
+        kernel calls chained as ``native.json`` says; I/O through staging buffers like the safe path."""
         import json
 
         from edgehft.kernels.native_lstm import NativeLSTM
@@ -127,11 +129,12 @@ class Runner(_Runner):
         self._chain = []
         self._chain_meta = []                     # per step: placement, model or kernel, graph ops (profile)
         self.op_kernels: dict[int, str] = {}      # graph op index -> "XNNPACK" | "native" (else builtin)
-        isa = None
+        isa: dict[str, str] = {}
         for st in graph["steps"]:
             self._chain_meta.append({"placement": "cpu" if st["kind"] == "litert" else "native",
                                      "model": st.get("model"), "kernel": None if st["kind"] == "litert"
-                                     else "lstm (edgehft native)", "ops": st.get("ops") or [st.get("op")]})
+                                     else f"{st.get('what') or st['kind']} (edgehft native)",
+                                     "ops": st.get("ops") or [st.get("op")]})
             if st["kind"] == "litert":
                 it = make_interpreter(self.bundle.path / st["model"], self.threads, self.op_resolver)
                 idx = {d["name"]: d["index"] for d in it.get_input_details() + it.get_output_details()}
@@ -152,15 +155,26 @@ class Runner(_Runner):
                                                   list(zip(views[len(ins):], (n for _, n in outs))), it)))
                 else:
                     self._chain.append(("litert", (it, ins, outs, stateful)))
+            elif st["kind"] == "conv2d":
+                from edgehft.kernels.native_conv import NativeConv2D
+                with np.load(self.bundle.path / st["weights"]) as w:
+                    k = NativeConv2D(w["weights"], w["bias"] if "bias" in w.files else None, st["in_hw"],
+                                     st["channels"], st["stride"], st["padding"], activation=st["activation"],
+                                     alpha=st["alpha"])
+                isa["CONV_2D"] = k.isa
+                self.op_kernels.update({i: "native" for i in st["ops"]})
+                self._chain.append(("conv2d", (k, st["inputs"][0], st["outputs"][0], k.out)))
             else:
                 with np.load(self.bundle.path / st["weights"]) as w:
                     k = NativeLSTM([(w["kernel"], w["recurrent_kernel"], w["bias"])], st["timesteps"], True,
                                    cell_clip=float(w["cell_clip"]))
-                isa = k.isa
+                if st.get("projected"):
+                    k.projected()
+                isa["LSTM"] = k.isa
                 self.op_kernels[st["op"]] = "native"
                 out = k.out.reshape(1, *k.out.shape)                   # a view: (1, T, H)
                 self._chain.append(("lstm", (k, st["inputs"][0], st["outputs"][0], out)))
-        self.path += f" + edgehft native LSTM ({isa})"
+        self.path += " + edgehft native " + ", ".join(f"{op} ({v})" for op, v in isa.items())
         self._native_io = (graph["inputs"], graph["outputs"])
         ins, outs = self._io_specs()
         self._in_specs, self._out_specs = ins, outs
@@ -168,14 +182,14 @@ class Runner(_Runner):
         self._staging_out = [np.empty(s.shape, dtype=s.dtype) for s in outs]
         self.inputs = [InputSlot(s, buf) for s, buf in zip(ins, self._staging_in)]
         self.outputs = [OutputSlot(s, buf) for s, buf in zip(outs, self._staging_out)]
-        self._invoke = self._invoke_native
+        self._invoke = self._bind_native_chain() or self._invoke_native
         self._bind_fast_paths()
         self._bind_float_fast_path()
 
     @staticmethod
     def run_step(kind: str, st, h, env: dict) -> None:
         """Run one step of the native plan's chain on ``env`` (tensor name -> array), in place: a LiteRT
-        segment (through its buffers' views, or set/get_tensor) or a native LSTM kernel call. ``st`` is
+        segment (through its buffers' views, or set/get_tensor) or a native kernel call. ``st`` is
         unused (the PYNQ runner's signature, so ``bench --profile`` times both the same way)."""
         if kind == "views":
             invoke, ins, outs, _ = h
@@ -210,6 +224,49 @@ class Runner(_Runner):
     @property
     def chain_input_names(self) -> list[str]:
         return list(self._native_io[0])
+
+    def _bind_native_chain(self):
+        """When every buffer the chain hands over stays put (LiteRT segments through their own buffers'
+        views, kernels writing their own ``out``), resolve each step's source and destination once: the
+        invoke is then one bound ctypes call per kernel and copy-in/invoke per segment, with no name
+        lookups. Returns that invoke, or None (the general :meth:`_invoke_native` runs)."""
+        import ctypes
+        names_in, names_out = self._native_io
+        env = dict(zip(names_in, self._staging_in))
+        calls = []
+        for kind, h in self._chain:
+            if kind == "views":
+                invoke, ins, outs, _ = h
+                pairs = [(view, env[name].reshape(view.shape)) for view, name in ins]
+                if not all(np.may_share_memory(src, env[name]) for (_, src), (_, name) in zip(pairs, ins)):
+                    return None                 # a reshape that copies would read stale data
+                copy = np.copyto
+
+                def seg(pairs=pairs, invoke=invoke, copy=copy):
+                    for dst, src in pairs:
+                        copy(dst, src)
+                    invoke()
+                calls.append(seg)
+                env.update({name: view for view, name in outs})
+            elif kind in ("lstm", "conv2d"):
+                k, src, dst, out = h
+                x = env[src]
+                if x.dtype != np.float32 or not x.flags.c_contiguous:
+                    return None
+                calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(x.ctypes.data), k._outp))
+                env[dst] = out
+            else:
+                return None
+        finals = [(buf, env[name].reshape(buf.shape)) for name, buf in zip(names_out, self._staging_out)]
+        if not all(np.may_share_memory(src, env[name]) for (_, src), name in zip(finals, names_out)):
+            return None
+
+        def invoke_bound(calls=tuple(calls), finals=tuple(finals), copy=np.copyto):
+            for call in calls:
+                call()
+            for dst, src in finals:
+                copy(dst, src)
+        return invoke_bound
 
     def _invoke_native(self) -> None:
         names_in, names_out = self._native_io

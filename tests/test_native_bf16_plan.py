@@ -1,0 +1,101 @@
+"""The cpu board's ``native-bf16`` plan: the float graph with its CONV_2D ops (a following LEAKY_RELU fused)
+and each LSTM's input projection on edgehft's bf16 conv kernel, the LSTM recurrence on the fp32 kernel.
+
+Compiled by name (``--quant native-bf16``), so it is tested on every machine: where AMX is missing the
+conv kernel's portable loop runs it. An independent chain (LiteRT per segment, float64 convs of the
+bf16-rounded operands, a float64 Keras LSTM) must reproduce the golden vectors. No timed assertions.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from edgehft import runtime
+from edgehft.bundle import load_bundle
+from edgehft.checks import check_golden
+from edgehft.compiler.pipeline import CompileOptions, compile_model
+from edgehft.report import Report
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def bf16_bundle(models, tmp_path_factory):
+    """k3_cnn_lstm.keras (Conv2D 1x2/2 + LeakyReLU, Conv2D 4x1 SAME + LeakyReLU, MaxPool, Conv2D 1x4,
+    LSTM(16), Dense softmax) compiled with --quant native-bf16."""
+    out = tmp_path_factory.mktemp("bf16") / "cnn.bf16"
+    compile_model(models / "k3_cnn_lstm.keras", [models / "calib.npy"], out,
+                  CompileOptions(board="cpu", quant="native-bf16"))
+    return out
+
+
+def test_bundle_runs_convs_and_lstm_projection_natively(bf16_bundle):
+    b = load_bundle(bf16_bundle)
+    assert b.manifest.quantization.mode == "native-bf16" and b.manifest.artifacts["native"] == "native.json"
+    graph = json.loads((bf16_bundle / "native.json").read_text())
+    steps = graph["steps"]
+    assert [s["kind"] for s in steps] == ["litert", "conv2d", "conv2d", "litert", "conv2d", "litert", "conv2d",
+                                          "lstm", "litert"]
+    convs = [s for s in steps if s["kind"] == "conv2d"]
+    # the two Conv2D + LeakyReLU pairs are fused; the 1x4 conv has no activation; the last is the projection
+    assert [s["activation"] for s in convs] == ["leaky_relu", "leaky_relu", "none", "none"]
+    assert convs[0]["alpha"] == pytest.approx(0.01) and len(convs[0]["ops"]) == 2
+    assert (convs[0]["stride"], convs[0]["padding"], convs[1]["padding"]) == ([1, 2], "VALID", "SAME")
+    assert convs[3]["what"] == "LSTM input projection" and steps[7]["projected"]
+    assert graph["conv_left_on_litert"] == {}
+    rep = Report.model_validate_json((bf16_bundle / "report.json").read_text())
+    kernels = {o.op: {p.kernel for p in rep.ops if p.op == o.op} for o in rep.ops}
+    assert kernels["CONV_2D"] == kernels["LEAKY_RELU"] == kernels["UNIDIRECTIONAL_SEQUENCE_LSTM"] == {"native"}
+    assert any("bf16" in n for n in rep.notes)
+    with runtime.open(bf16_bundle) as r:
+        d = r.describe()
+        assert d["steps"].count("conv2d") == 4 and "CONV_2D (" in d["interpreter"]
+        g = check_golden(r)
+        assert g["ok"] and g["count"] == 16
+
+
+def test_independent_chain_reproduces_the_golden_vectors(bf16_bundle):
+    """LiteRT on each segment, float64 convs of bf16-rounded operands (the kernel's documented numerics)
+    and a float64 Keras LSTM on the bf16 projection reproduce the bundle's golden outputs."""
+    from ai_edge_litert.interpreter import Interpreter
+    from test_native_conv import bf16, reference_conv
+    from test_native_lstm import reference_lstm
+    b = load_bundle(bf16_bundle)
+    graph = json.loads((bf16_bundle / "native.json").read_text())
+    ins, outs = b.golden()
+    x, y = ins[b.manifest.inputs[0].name], outs[b.manifest.outputs[0].name]
+    its = {}
+    for n in range(len(x)):
+        env = {graph["inputs"][0]: x[n:n + 1]}
+        for st in graph["steps"]:
+            src = env[st["inputs"][0]]
+            if st["kind"] == "litert":
+                it = its.get(st["model"])
+                if it is None:
+                    it = its[st["model"]] = Interpreter(model_path=str(bf16_bundle / st["model"]), num_threads=1)
+                    it.allocate_tensors()
+                for d in it.get_input_details():
+                    it.set_tensor(d["index"], env[d["name"]].astype(d["dtype"]).reshape(d["shape"]))
+                it.invoke()
+                for d in it.get_output_details():
+                    env[d["name"]] = it.get_tensor(d["index"])
+                continue
+            w = np.load(bf16_bundle / st["weights"])
+            if st["kind"] == "conv2d":
+                H, W = st["in_hw"]
+                xin = src.reshape(H, W, st["channels"])
+                out, _ = reference_conv(bf16(xin), bf16(w["weights"]), w["bias"] if "bias" in w.files else None,
+                                        st["stride"], st["padding"], st["activation"], st["alpha"])
+                env[st["outputs"][0]] = out[None].astype(np.float32)
+            else:                                     # the recurrence on the projection: z = g + h @ U
+                g = src.reshape(st["timesteps"], -1)
+                G = g.shape[1]
+                h = reference_lstm([(np.eye(G), w["recurrent_kernel"], np.zeros(G))], g, True, float(w["cell_clip"]))
+                env[st["outputs"][0]] = h[None].astype(np.float32)
+        assert np.abs(env[graph["outputs"][0]] - y[n:n + 1]).max() < 1e-5
+
+
+def test_drift_is_measured_against_keras_float(bf16_bundle):
+    rep = Report.model_validate_json((bf16_bundle / "report.json").read_text())
+    assert rep.drift is not None and rep.drift.passed
+    assert "native-bf16" in rep.drift.candidate
