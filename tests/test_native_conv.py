@@ -103,12 +103,20 @@ def test_amx_and_portable_paths_agree():
 
 
 def test_outputs_are_reproducible_and_buffers_reused():
+    """Every conv of a thread shares one bf16 input buffer: a conv whose padding another conv's input has
+    just overwritten (a bigger conv's, all ones) must still read zeros there."""
     rng = np.random.default_rng(5)
-    conv = NativeConv2D(rng.standard_normal((8, 2, 2, 4)), None, (9, 9), 4, (1, 1), "SAME")
+    w = rng.standard_normal((8, 3, 3, 4)).astype(np.float32)
+    conv = NativeConv2D(w, None, (9, 9), 4, (1, 1), "SAME")
+    big = NativeConv2D(rng.standard_normal((4, 1, 1, 6)), None, (40, 40), 6)
     x1, x2 = (rng.standard_normal((9, 9, 4)).astype(np.float32) for _ in range(2))
+    big.run(np.ones((40, 40, 6), np.float32))
     y1 = conv.run(x1).copy()
+    ref, mag = reference_conv(bf16(x1), bf16(w), None, (1, 1), "SAME")
+    assert (np.abs(y1[0] - ref) <= 1e-6 * mag + 1e-7).all()
     assert conv.run(x2) is conv.out and not np.array_equal(conv.out, y1)
-    assert np.array_equal(conv.run(x1), y1)                 # no state left from the previous call
+    big.run(np.ones((40, 40, 6), np.float32))
+    assert np.array_equal(conv.run(x1), y1)                 # no state left from the previous calls
 
 
 def test_bad_shapes_and_dtypes_are_refused():

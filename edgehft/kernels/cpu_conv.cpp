@@ -19,7 +19,8 @@
 // Schedule (AMX): output pixels in blocks of 32 (two A tiles), output channels in pairs of 16-column tiles,
 // four fp32 accumulator tiles over (kernel row, 32-deep k block); each block's tiles go to a small
 // scratch that stays in L1, then the epilogue adds the bias, applies the activation and writes fp32 NHWC.
-// No allocation in edgehft_conv_run.
+// The bf16 input buffer is one per thread, shared by all convs (see scratch()); no allocation in
+// edgehft_conv_run except the first run on a thread other than the creating one, which sizes its buffer.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -42,8 +43,9 @@ struct Conv {
     float alpha;
     int M, NB, KB;           // pixels, 16-col blocks, 32-deep k blocks per kernel row
     int flat, s;             // flat: one strip of M pixels, s padded pixels apart
+    int Hp;                  // padded rows the outputs read
     size_t xrows;            // bf16 buffer: elements
-    uint16_t* x;             // bf16 input, zero padded (see the header), zeros after (slack for tails)
+    uint16_t* x;             // during a run: the thread's scratch (see scratch()), laid out as the header says
     uint16_t* wt;            // AMX B tiles [kh][KB][NB][16 pairs][16 cols][2]
     float* wf;               // portable: bf16-rounded weights as float [kh][kw*C][Cop]
     float* bias;             // [Co]
@@ -135,6 +137,28 @@ void epilogue(const Conv* k, const float* acc, float* out, int p0, int p1) {
         case kLeaky: epilogue_t<kLeaky>(k, acc, out, p0, p1); break;
         default: epilogue_t<kNone>(k, acc, out, p0, p1);
     }
+}
+
+// One bf16 input buffer per thread, shared by every conv the thread runs (so a chain of convs keeps one
+// such buffer in cache, not one per conv); grown, zero-filled, when a conv needs more. A run re-zeroes its
+// own padding (another conv may have written there); the slack after it only has to hold finite values.
+struct Scratch {
+    uint16_t* p = nullptr;
+    size_t n = 0;
+    ~Scratch() { free(p); }
+};
+thread_local Scratch tls_scratch;
+
+uint16_t* scratch(size_t n) {
+    Scratch& s = tls_scratch;
+    if (s.n < n) {
+        void* q = aalloc(n * 2);
+        if (!q) return nullptr;
+        free(s.p);
+        s.p = static_cast<uint16_t*>(q);
+        s.n = n;
+    }
+    return s.p;
 }
 
 #ifdef EDGEHFT_AMX
@@ -266,7 +290,7 @@ void* edgehft_conv_create(const int* dims, const float* weights, const float* bi
     k->sh = dims[6]; k->sw = dims[7]; k->ph = dims[8]; k->pw = dims[9]; k->Ho = dims[10]; k->Wo = dims[11];
     k->act = act;
     k->alpha = alpha;
-    const int Hp = std::max(k->ph + k->H, (k->Ho - 1) * k->sh + k->kh);     // rows the outputs reach
+    const int Hp = k->Hp = std::max(k->ph + k->H, (k->Ho - 1) * k->sh + k->kh);   // rows the outputs reach
     k->Wp = std::max(k->pw + k->W, (k->Wo - 1) * k->sw + k->kw);
     if (k->Ho < 1 || k->Wo < 1 || k->C < 1 || k->Co < 1 || k->kh < 1 || k->kw < 1 || k->sh < 1 || k->sw < 1 ||
         k->ph < 0 || k->pw < 0 || k->ph >= k->kh || k->pw >= k->kw) {
@@ -284,13 +308,13 @@ void* edgehft_conv_create(const int* dims, const float* weights, const float* bi
     // Slack after the padded input: the last block's 32 tile rows, s or sw pixels apart, plus a k block.
     const size_t C = k->C, step = static_cast<size_t>(std::max(k->s, k->sw));
     k->xrows = (static_cast<size_t>(Hp) + k->kh) * k->Wp * C + (32 * step + 2) * C + 64;
-    k->x = static_cast<uint16_t*>(aalloc(k->xrows * 2));
+    k->x = nullptr;
     k->wt = static_cast<uint16_t*>(aalloc(static_cast<size_t>(k->kh) * k->KB * Cop * 32 * 2));
     k->wf = static_cast<float*>(aalloc(static_cast<size_t>(k->kh) * kwc * Cop * 4));
     k->bias = static_cast<float*>(aalloc(static_cast<size_t>(k->Co) * 4));
     k->acc = static_cast<float*>(aalloc(static_cast<size_t>(32) * Cop * 4));
-    if (!k->x || !k->wt || !k->wf || !k->bias || !k->acc) {
-        free(k->x); free(k->wt); free(k->wf); free(k->bias); free(k->acc); free(k);
+    if (!scratch(k->xrows) || !k->wt || !k->wf || !k->bias || !k->acc) {
+        free(k->wt); free(k->wf); free(k->bias); free(k->acc); free(k);
         return nullptr;
     }
     for (int co = 0; co < k->Co; ++co) {
@@ -307,14 +331,25 @@ void* edgehft_conv_create(const int* dims, const float* weights, const float* bi
     return k;
 }
 
-// x: (H, W, C) float32 NHWC; out: (Ho, Wo, Co) float32. The caller keeps x finite.
+// x: (H, W, C) float32 NHWC; out: (Ho, Wo, Co) float32. The caller keeps x finite. Returns 0, or -1 when
+// this thread's scratch could not grow (out of memory).
 int edgehft_conv_run(void* h, const float* x, float* out) {
     Conv* k = static_cast<Conv*>(h);
-    const size_t C = k->C, row = static_cast<size_t>(k->W) * C;
-    uint16_t* dst = k->x + (static_cast<size_t>(k->ph) * k->Wp + k->pw) * C;
+    k->x = scratch(k->xrows);
+    if (!k->x) return -1;
+    const size_t C = k->C, row = static_cast<size_t>(k->W) * C, prow = static_cast<size_t>(k->Wp) * C;
+    uint16_t* base = k->x;
+    memset(base, 0, k->ph * prow * 2);                                        // rows above
+    uint16_t* dst = base + k->ph * prow + k->pw * C;
     if (k->Wp == k->W) to_bf16_n(x, dst, k->H * row);
     else
-        for (int r = 0; r < k->H; ++r) to_bf16_n(x + r * row, dst + static_cast<size_t>(r) * k->Wp * C, row);
+        for (int r = 0; r < k->H; ++r) {
+            uint16_t* d = dst + r * prow;
+            memset(d - k->pw * C, 0, k->pw * C * 2);                           // columns left
+            to_bf16_n(x + r * row, d, row);
+            memset(d + row, 0, (prow - row - k->pw * C) * 2);                  // columns right
+        }
+    memset(base + (k->ph + k->H) * prow, 0, (k->Hp - k->ph - k->H) * prow * 2);  // rows below
 #ifdef EDGEHFT_AMX
     if (k->amx) run_amx(k, out);
     else run_portable(k, out);
@@ -330,7 +365,7 @@ int edgehft_conv_isa(void* h) { return static_cast<Conv*>(h)->amx ? 1 : 0; }
 void edgehft_conv_destroy(void* h) {
     Conv* k = static_cast<Conv*>(h);
     if (!k) return;
-    free(k->x); free(k->wt); free(k->wf); free(k->bias); free(k->acc); free(k);
+    free(k->wt); free(k->wf); free(k->bias); free(k->acc); free(k);
 }
 
 }  // extern "C"

@@ -135,7 +135,8 @@ class NativeConv2D:
         if x.dtype != np.float32:
             raise DTypeError(f"input dtype {x.dtype}, the conv takes float32")
         x = np.ascontiguousarray(x)
-        self._run(self._h, x.ctypes.data, self._outp)
+        if self._run(self._h, x.ctypes.data, self._outp):
+            raise MemoryError("edgehft_conv_run: no memory for this thread's bf16 input buffer")
         return self.out
 
     def run_ptr(self, x_ptr: int, out_ptr: int | None = None) -> None:

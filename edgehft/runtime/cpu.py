@@ -227,14 +227,28 @@ class Runner(_Runner):
 
     def _bind_native_chain(self):
         """When every buffer the chain hands over stays put (LiteRT segments through their own buffers'
-        views, kernels writing their own ``out``), resolve each step's source and destination once: the
-        invoke is then one bound ctypes call per kernel and copy-in/invoke per segment, with no name
-        lookups. Returns that invoke, or None (the general :meth:`_invoke_native` runs)."""
+        views; kernels writing into shared buffers planned by :mod:`edgehft.runtime.arena`, so the chain's
+        working set stays small), resolve each step's source and destination once: the invoke is then one
+        bound ctypes call per kernel and copy-in/invoke per segment, with no name lookups. Returns that
+        invoke, or None (the general :meth:`_invoke_native` runs)."""
         import ctypes
+
+        from edgehft.runtime import arena
         names_in, names_out = self._native_io
+        if any(kind not in ("views", "lstm", "conv2d") for kind, _ in self._chain):
+            return None
+        plan = []
+        for kind, h in self._chain:
+            if kind == "views":
+                plan.append(([n for _, n in h[1]], None, 0))
+            else:
+                plan.append(([h[1]], h[2], h[3].nbytes))
+        where = arena.plan_buffers(plan, set(names_out))
+        pool = arena.allocate(arena.buffer_sizes(plan, set(names_out)))
+        self._arena = pool                          # kept alive with the runner
         env = dict(zip(names_in, self._staging_in))
         calls = []
-        for kind, h in self._chain:
+        for (kind, h), slot in zip(self._chain, where):
             if kind == "views":
                 invoke, ins, outs, _ = h
                 pairs = [(view, env[name].reshape(view.shape)) for view, name in ins]
@@ -248,15 +262,15 @@ class Runner(_Runner):
                     invoke()
                 calls.append(seg)
                 env.update({name: view for view, name in outs})
-            elif kind in ("lstm", "conv2d"):
+            else:
                 k, src, dst, out = h
                 x = env[src]
                 if x.dtype != np.float32 or not x.flags.c_contiguous:
                     return None
-                calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(x.ctypes.data), k._outp))
-                env[dst] = out
-            else:
-                return None
+                y = pool[slot][:out.nbytes].view(out.dtype).reshape(out.shape)
+                calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(x.ctypes.data),
+                                               ctypes.c_void_p(y.ctypes.data)))
+                env[dst] = y
         finals = [(buf, env[name].reshape(buf.shape)) for name, buf in zip(names_out, self._staging_out)]
         if not all(np.may_share_memory(src, env[name]) for (_, src), name in zip(finals, names_out)):
             return None
