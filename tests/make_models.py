@@ -58,13 +58,15 @@ h = tf_keras.layers.GRU(16, name="gru")(inp)
 tf_keras.Model(inp, tf_keras.layers.Dense(3, activation="softmax")(h)).save(out / "tfk_gru.h5")
 print("ok")
 
-# DeepLOB's shape in small: Conv2D (width-striding and kx1 SAME) + LeakyReLU, a max pool, an LSTM
+# DeepLOB's shape in small: Conv2D (width-striding and kx1 SAME) + LeakyReLU, a max pool, two branches
+# concatenated, an LSTM
 inp = keras.Input((20, 8), name="x")
 h = keras.layers.Reshape((20, 8, 1))(inp)
 h = keras.layers.LeakyReLU(0.01)(keras.layers.Conv2D(16, (1, 2), strides=(1, 2), name="conv_a")(h))
 h = keras.layers.LeakyReLU(0.01)(keras.layers.Conv2D(16, (4, 1), padding="same", name="conv_b")(h))
 h = keras.layers.MaxPooling2D((3, 1), strides=(1, 1), padding="same")(h)
-h = keras.layers.Conv2D(24, (1, 4), name="conv_c")(h)
+h = keras.layers.Concatenate()([keras.layers.Conv2D(16, (1, 4), name="conv_c")(h),
+                               keras.layers.Conv2D(8, (1, 4), name="conv_d")(h)])
 h = keras.layers.Reshape((20, 24))(h)
 h = keras.layers.LSTM(16, name="lstm")(h)
 keras.Model(inp, keras.layers.Dense(3, activation="softmax", name="probs")(h)).save(out / "k3_cnn_lstm.keras")

@@ -1,5 +1,6 @@
 """The cpu board's ``native-bf16`` plan: the float graph with its CONV_2D ops (a following LEAKY_RELU fused)
-and each LSTM's input projection on edgehft's bf16 conv kernel, the LSTM recurrence on the fp32 kernel.
+and each LSTM's input projection on edgehft's bf16 conv kernel, the LSTM recurrence on the fp32 kernel,
+the MAX_POOL_2D / RESHAPE between them native too.
 
 Compiled by name (``--quant native-bf16``), so it is tested on every machine: where AMX is missing the
 conv kernel's portable loop runs it. An independent chain (LiteRT per segment, float64 convs of the
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def bf16_bundle(models, tmp_path_factory):
-    """k3_cnn_lstm.keras (Conv2D 1x2/2 + LeakyReLU, Conv2D 4x1 SAME + LeakyReLU, MaxPool, Conv2D 1x4,
-    LSTM(16), Dense softmax) compiled with --quant native-bf16."""
+    """k3_cnn_lstm.keras (Conv2D 1x2/2 + LeakyReLU, Conv2D 4x1 SAME + LeakyReLU, MaxPool, two Conv2D 1x4
+    concatenated, LSTM(16), Dense softmax) compiled with --quant native-bf16."""
     out = tmp_path_factory.mktemp("bf16") / "cnn.bf16"
     compile_model(models / "k3_cnn_lstm.keras", [models / "calib.npy"], out,
                   CompileOptions(board="cpu", quant="native-bf16"))
@@ -34,22 +35,27 @@ def test_bundle_runs_convs_and_lstm_projection_natively(bf16_bundle):
     assert b.manifest.quantization.mode == "native-bf16" and b.manifest.artifacts["native"] == "native.json"
     graph = json.loads((bf16_bundle / "native.json").read_text())
     steps = graph["steps"]
-    assert [s["kind"] for s in steps] == ["litert", "conv2d", "conv2d", "litert", "conv2d", "litert", "conv2d",
-                                          "lstm", "litert"]
+    # RESHAPE of the input, conv+lrelu, conv+lrelu, max pool, two convs, CONCATENATION, RESHAPE, projection,
+    # LSTM, then LiteRT (strided slice, Dense, softmax)
+    assert [s["kind"] for s in steps] == ["reshape", "conv2d", "conv2d", "maxpool", "conv2d", "conv2d", "concat",
+                                          "reshape", "conv2d", "lstm", "litert"]
+    assert steps[3]["filter"] == [3, 1] and steps[3]["padding"] == "SAME" and steps[7]["shape"] == [1, 20, 24]
+    assert steps[6]["input_shapes"] == [[1, 20, 1, 16], [1, 20, 1, 8]] and steps[6]["axis"] in (3, -1)
     convs = [s for s in steps if s["kind"] == "conv2d"]
     # the two Conv2D + LeakyReLU pairs are fused; the 1x4 conv has no activation; the last is the projection
-    assert [s["activation"] for s in convs] == ["leaky_relu", "leaky_relu", "none", "none"]
+    assert [s["activation"] for s in convs] == ["leaky_relu", "leaky_relu", "none", "none", "none"]
     assert convs[0]["alpha"] == pytest.approx(0.01) and len(convs[0]["ops"]) == 2
     assert (convs[0]["stride"], convs[0]["padding"], convs[1]["padding"]) == ([1, 2], "VALID", "SAME")
-    assert convs[3]["what"] == "LSTM input projection" and steps[7]["projected"]
+    assert convs[4]["what"] == "LSTM input projection" and steps[9]["projected"]
     assert graph["conv_left_on_litert"] == {}
     rep = Report.model_validate_json((bf16_bundle / "report.json").read_text())
     kernels = {o.op: {p.kernel for p in rep.ops if p.op == o.op} for o in rep.ops}
     assert kernels["CONV_2D"] == kernels["LEAKY_RELU"] == kernels["UNIDIRECTIONAL_SEQUENCE_LSTM"] == {"native"}
+    assert kernels["MAX_POOL_2D"] == kernels["RESHAPE"] == kernels["CONCATENATION"] == {"native"}
     assert any("bf16" in n for n in rep.notes)
     with runtime.open(bf16_bundle) as r:
         d = r.describe()
-        assert d["steps"].count("conv2d") == 4 and "CONV_2D (" in d["interpreter"]
+        assert d["steps"].count("conv2d") == 5 and "CONV_2D (" in d["interpreter"] and "maxpool" in d["steps"]
         g = check_golden(r)
         assert g["ok"] and g["count"] == 16
 
@@ -60,6 +66,7 @@ def test_independent_chain_reproduces_the_golden_vectors(bf16_bundle):
     from ai_edge_litert.interpreter import Interpreter
     from test_native_conv import bf16, reference_conv
     from test_native_lstm import reference_lstm
+    from test_native_ops import reference_maxpool
     b = load_bundle(bf16_bundle)
     graph = json.loads((bf16_bundle / "native.json").read_text())
     ins, outs = b.golden()
@@ -79,6 +86,18 @@ def test_independent_chain_reproduces_the_golden_vectors(bf16_bundle):
                 it.invoke()
                 for d in it.get_output_details():
                     env[d["name"]] = it.get_tensor(d["index"])
+                continue
+            if st["kind"] == "reshape":
+                env[st["outputs"][0]] = src.reshape(st["shape"])
+                continue
+            if st["kind"] == "concat":
+                env[st["outputs"][0]] = np.concatenate([env[n] for n in st["inputs"]], st["axis"])
+                continue
+            if st["kind"] == "maxpool":
+                H, W = st["in_hw"]
+                out = reference_maxpool(src.reshape(H, W, -1), st["filter"], st["stride"], st["padding"],
+                                        st["activation"])
+                env[st["outputs"][0]] = out[None]
                 continue
             w = np.load(bf16_bundle / st["weights"])
             if st["kind"] == "conv2d":

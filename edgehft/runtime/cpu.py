@@ -117,179 +117,44 @@ class Runner(_Runner):
             self.outputs = [OutputSlot(s, buf) for s, buf in zip(outs, self._staging_out)]
 
     def _open_native(self, rel: str) -> None:
-        """The native plans (:mod:`edgehft.compiler.native`): LiteRT segments and native LSTM / CONV_2D
-        kernel calls chained as ``native.json`` says; I/O through staging buffers like the safe path."""
-        import json
-
-        from edgehft.kernels.native_lstm import NativeLSTM
-        graph = json.loads((self.bundle.path / rel).read_text())
+        """The native plans (:mod:`edgehft.runtime.native_chain`): LiteRT segments and native kernel calls
+        chained as ``native.json`` says; I/O through staging buffers like the safe path."""
+        from edgehft.runtime import native_chain
         self.interp = None
         self.stateful_tensors = []
         self._zero_copy = False
-        self._chain = []
-        self._chain_meta = []                     # per step: placement, model or kernel, graph ops (profile)
-        self.op_kernels: dict[int, str] = {}      # graph op index -> "XNNPACK" | "native" (else builtin)
-        isa: dict[str, str] = {}
-        for st in graph["steps"]:
-            self._chain_meta.append({"placement": "cpu" if st["kind"] == "litert" else "native",
-                                     "model": st.get("model"), "kernel": None if st["kind"] == "litert"
-                                     else f"{st.get('what') or st['kind']} (edgehft native)",
-                                     "ops": st.get("ops") or [st.get("op")]})
-            if st["kind"] == "litert":
-                it = make_interpreter(self.bundle.path / st["model"], self.threads, self.op_resolver)
-                idx = {d["name"]: d["index"] for d in it.get_input_details() + it.get_output_details()}
-                stateful = bool(variable_tensors(self.bundle.path / st["model"]))
-                self.op_kernels.update({st["ops"][i]: v for i, v in delegated_ops(it).items()})
-                ins = [(idx[n], n) for n in st["inputs"]]
-                outs = [(idx[n], n) for n in st["outputs"]]
-                views = _stable_views(it, [i for i, _ in ins] + [i for i, _ in outs])
-                if views is not None:       # copy into / read from the interpreter's own buffers
-                    invoke = it._interpreter.Invoke
-                    if stateful:
-                        reset = it._interpreter.ResetVariableTensors
-
-                        def invoke(reset=reset, inv=invoke):
-                            reset()
-                            inv()
-                    self._chain.append(("views", (invoke, list(zip(views[:len(ins)], (n for _, n in ins))),
-                                                  list(zip(views[len(ins):], (n for _, n in outs))), it)))
-                else:
-                    self._chain.append(("litert", (it, ins, outs, stateful)))
-            elif st["kind"] == "conv2d":
-                from edgehft.kernels.native_conv import NativeConv2D
-                with np.load(self.bundle.path / st["weights"]) as w:
-                    k = NativeConv2D(w["weights"], w["bias"] if "bias" in w.files else None, st["in_hw"],
-                                     st["channels"], st["stride"], st["padding"], activation=st["activation"],
-                                     alpha=st["alpha"])
-                isa["CONV_2D"] = k.isa
-                self.op_kernels.update({i: "native" for i in st["ops"]})
-                self._chain.append(("conv2d", (k, st["inputs"][0], st["outputs"][0], k.out)))
-            else:
-                with np.load(self.bundle.path / st["weights"]) as w:
-                    k = NativeLSTM([(w["kernel"], w["recurrent_kernel"], w["bias"])], st["timesteps"], True,
-                                   cell_clip=float(w["cell_clip"]))
-                if st.get("projected"):
-                    k.projected()
-                isa["LSTM"] = k.isa
-                self.op_kernels[st["op"]] = "native"
-                out = k.out.reshape(1, *k.out.shape)                   # a view: (1, T, H)
-                self._chain.append(("lstm", (k, st["inputs"][0], st["outputs"][0], out)))
-        self.path += " + edgehft native " + ", ".join(f"{op} ({v})" for op, v in isa.items())
-        self._native_io = (graph["inputs"], graph["outputs"])
+        self._chain = native_chain.Chain(self.bundle.path, rel, self.threads, self.op_resolver)
+        self.op_kernels = self._chain.op_kernels
+        self.path += self._chain.describe_path()
         ins, outs = self._io_specs()
         self._in_specs, self._out_specs = ins, outs
         self._staging_in = [np.empty(s.shape, dtype=s.dtype) for s in ins]
         self._staging_out = [np.empty(s.shape, dtype=s.dtype) for s in outs]
         self.inputs = [InputSlot(s, buf) for s, buf in zip(ins, self._staging_in)]
         self.outputs = [OutputSlot(s, buf) for s, buf in zip(outs, self._staging_out)]
-        self._invoke = self._bind_native_chain() or self._invoke_native
+        bound = native_chain.bind(self._chain, self._staging_in, self._staging_out)
+        if bound is not None:
+            self._invoke, self._arena = bound
+        else:
+            self._invoke = functools.partial(native_chain.invoke, self._chain, self._staging_in, self._staging_out)
         self._bind_fast_paths()
         self._bind_float_fast_path()
 
     @staticmethod
     def run_step(kind: str, st, h, env: dict) -> None:
-        """Run one step of the native plan's chain on ``env`` (tensor name -> array), in place: a LiteRT
-        segment (through its buffers' views, or set/get_tensor) or a native kernel call. ``st`` is
-        unused (the PYNQ runner's signature, so ``bench --profile`` times both the same way)."""
-        if kind == "views":
-            invoke, ins, outs, _ = h
-            for view, name in ins:
-                np.copyto(view, env[name].reshape(view.shape))
-            invoke()
-            for view, name in outs:
-                env[name] = view
-        elif kind == "litert":
-            it, ins, outs, stateful = h
-            for idx, name in ins:
-                it.set_tensor(idx, env[name])
-            if stateful:
-                it.reset_all_variables()
-            it.invoke()
-            for idx, name in outs:
-                env[name] = it.get_tensor(idx)
-        else:
-            k, src, dst, out = h
-            x = env[src]
-            if x.dtype != np.float32 or not x.flags.c_contiguous:
-                x = np.ascontiguousarray(x, np.float32)
-            k.run_ptr(x.ctypes.data)
-            env[dst] = out
+        """One step of the native chain (:func:`edgehft.runtime.native_chain.run_step`)."""
+        from edgehft.runtime.native_chain import run_step
+        run_step(kind, st, h, env)
 
     @property
     def _steps(self):
         """The native chain as ``(kind, step metadata, handle)``; None for a whole-model bundle."""
         chain = getattr(self, "_chain", None)
-        return [(k, m, h) for (k, h), m in zip(chain, self._chain_meta)] if chain else None
+        return [(k, m, h) for (k, h), m in zip(chain.steps, chain.meta)] if chain else None
 
     @property
     def chain_input_names(self) -> list[str]:
-        return list(self._native_io[0])
-
-    def _bind_native_chain(self):
-        """When every buffer the chain hands over stays put (LiteRT segments through their own buffers'
-        views; kernels writing into shared buffers planned by :mod:`edgehft.runtime.arena`, so the chain's
-        working set stays small), resolve each step's source and destination once: the invoke is then one
-        bound ctypes call per kernel and copy-in/invoke per segment, with no name lookups. Returns that
-        invoke, or None (the general :meth:`_invoke_native` runs)."""
-        import ctypes
-
-        from edgehft.runtime import arena
-        names_in, names_out = self._native_io
-        if any(kind not in ("views", "lstm", "conv2d") for kind, _ in self._chain):
-            return None
-        plan = []
-        for kind, h in self._chain:
-            if kind == "views":
-                plan.append(([n for _, n in h[1]], None, 0))
-            else:
-                plan.append(([h[1]], h[2], h[3].nbytes))
-        where = arena.plan_buffers(plan, set(names_out))
-        pool = arena.allocate(arena.buffer_sizes(plan, set(names_out)))
-        self._arena = pool                          # kept alive with the runner
-        env = dict(zip(names_in, self._staging_in))
-        calls = []
-        for (kind, h), slot in zip(self._chain, where):
-            if kind == "views":
-                invoke, ins, outs, _ = h
-                pairs = [(view, env[name].reshape(view.shape)) for view, name in ins]
-                if not all(np.may_share_memory(src, env[name]) for (_, src), (_, name) in zip(pairs, ins)):
-                    return None                 # a reshape that copies would read stale data
-                copy = np.copyto
-
-                def seg(pairs=pairs, invoke=invoke, copy=copy):
-                    for dst, src in pairs:
-                        copy(dst, src)
-                    invoke()
-                calls.append(seg)
-                env.update({name: view for view, name in outs})
-            else:
-                k, src, dst, out = h
-                x = env[src]
-                if x.dtype != np.float32 or not x.flags.c_contiguous:
-                    return None
-                y = pool[slot][:out.nbytes].view(out.dtype).reshape(out.shape)
-                calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(x.ctypes.data),
-                                               ctypes.c_void_p(y.ctypes.data)))
-                env[dst] = y
-        finals = [(buf, env[name].reshape(buf.shape)) for name, buf in zip(names_out, self._staging_out)]
-        if not all(np.may_share_memory(src, env[name]) for (_, src), name in zip(finals, names_out)):
-            return None
-
-        def invoke_bound(calls=tuple(calls), finals=tuple(finals), copy=np.copyto):
-            for call in calls:
-                call()
-            for dst, src in finals:
-                copy(dst, src)
-        return invoke_bound
-
-    def _invoke_native(self) -> None:
-        names_in, names_out = self._native_io
-        env = dict(zip(names_in, self._staging_in))
-        run = self.run_step
-        for kind, h in self._chain:
-            run(kind, None, h, env)
-        for name, buf in zip(names_out, self._staging_out):
-            np.copyto(buf, env[name].reshape(buf.shape))
+        return list(self._chain.inputs)
 
     def _bind_float_fast_path(self) -> None:
         """Float plans (``--quant dynamic``/``float``, or ``auto`` choosing one): one float32 input and output.
@@ -355,17 +220,16 @@ class Runner(_Runner):
         d.update(backend="cpu", interpreter=self.path, zero_copy=self._zero_copy,
                  state_reset_per_call=len(self.stateful_tensors))
         if getattr(self, "_chain", None):
-            d.update(steps=[kind for kind, _ in self._chain])
+            d.update(steps=[kind for kind, _ in self._chain.steps])
         return d
 
     def close(self) -> None:
         super().close()
         self.inputs, self.outputs = [], []
         self.interp = None
-        chain, self._chain = getattr(self, "_chain", []), []
-        for kind, h in chain:
-            if kind == "lstm":
-                h[0].close()
+        chain, self._chain = getattr(self, "_chain", None), None
+        if chain is not None:
+            chain.close()
 
 
 def _stable_views(interp, indices: list[int]):

@@ -1,0 +1,148 @@
+"""edgehft's native MAX_POOL_2D and CONCATENATION (``edgehft/kernels/cpu_ops.cpp``) through ctypes, for the
+native chain: between native convs they save a LiteRT segment (whose invoke, cold after the convs, costs
+~10 µs on this project's test host, more than the op).
+
+Both are exact in fp32 and follow the TFLite reference kernels: MAX_POOL_2D takes the max over the filter
+window clipped to the input (SAME padding never wins), then the fused activation; CONCATENATION copies the
+inputs' slices along the axis in order.
+
+    pool = NativeMaxPool2D((100, 1), 64, filter_hw=(3, 1), stride=(1, 1), padding="SAME")
+    y = pool.run(x)                           # (1, 100, 1, 64) float32 (a reused buffer)
+    cat = NativeConcat([(1, 100, 1, 64)] * 3, axis=3)
+    y = cat.run([a, b, c])                    # (1, 100, 1, 192)
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from edgehft.errors import DTypeError, ShapeError
+from edgehft.kernels.native_conv import geometry
+from edgehft.kernels.native_lstm import NATIVE_FLAGS, cached_library
+
+SOURCE = Path(__file__).resolve().parent / "cpu_ops.cpp"
+POOL_ACTIVATIONS = {"none": 0, "relu": 1, "relu_n1_to_1": 2, "relu6": 3}
+
+
+def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
+    """Build (if not cached) and load the library; raises ``BoardUnavailableError`` like the LSTM's."""
+    lib = cached_library(SOURCE, NATIVE_FLAGS, cache_dir)
+    if getattr(lib, "_edgehft_typed", False):
+        return lib
+    vp, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.edgehft_pool_create.restype = vp
+    lib.edgehft_pool_create.argtypes = [vp, i32]
+    lib.edgehft_pool_run.restype = i32
+    lib.edgehft_pool_run.argtypes = [vp, vp, vp]
+    lib.edgehft_pool_destroy.argtypes = [vp]
+    lib.edgehft_concat_create.restype = vp
+    lib.edgehft_concat_create.argtypes = [i32, i32, vp]
+    lib.edgehft_concat_run.restype = i32
+    lib.edgehft_concat_run.argtypes = [vp, vp, vp]
+    lib.edgehft_concat_destroy.argtypes = [vp]
+    lib._edgehft_typed = True
+    return lib
+
+
+def _check(x, shape):
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        raise DTypeError(f"expected a float32 numpy array, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.size != int(np.prod(shape)):
+        raise ShapeError(f"input shape {x.shape}, expected {tuple(shape)}")
+    return np.ascontiguousarray(x)
+
+
+class _Native:
+    _destroy = ""
+
+    def run_ptr(self, x_ptr: int, out_ptr: int | None = None) -> None:
+        """Hot path without checks (for :class:`NativeConcat`, ``x_ptr`` addresses an array of pointers)."""
+        self._run(self._h, x_ptr, self._outp if out_ptr is None else out_ptr)
+
+    def close(self) -> None:
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            getattr(self._lib, self._destroy)(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class NativeMaxPool2D(_Native):
+    """TFLite MAX_POOL_2D on ``(1, H, W, C)`` float32: ``filter_hw``, ``stride`` (h, w), "SAME"/"VALID",
+    fused ``activation`` (a key of :data:`POOL_ACTIVATIONS`). :meth:`run` returns :attr:`out`
+    ``(1, Ho, Wo, C)``. Raises ``ShapeError`` on an empty output or bad sizes."""
+
+    _destroy = "edgehft_pool_destroy"
+
+    def __init__(self, in_hw, channels: int, filter_hw, stride=(1, 1), padding: str = "VALID",
+                 activation: str = "none"):
+        if activation not in POOL_ACTIVATIONS:
+            raise ShapeError(f"activation {activation!r}: one of {sorted(POOL_ACTIVATIONS)}")
+        (H, W), (fh, fw), (sh, sw), C = in_hw, filter_hw, stride, int(channels)
+        if min(H, W, fh, fw, sh, sw, C) < 1:
+            raise ShapeError(f"sizes must be >= 1: input {(H, W, C)}, filter {(fh, fw)}, stride {(sh, sw)}")
+        Ho, Wo, ph, pw = geometry((H, W), (fh, fw), (sh, sw), padding)
+        if Ho < 1 or Wo < 1:
+            raise ShapeError(f"empty output ({Ho}x{Wo}): the filter is larger than the input")
+        self.input_shape = (1, H, W, C)
+        self.out = np.zeros((1, Ho, Wo, C), np.float32)
+        self._lib = lib = load_library()
+        h = lib.edgehft_pool_create((ctypes.c_int * 11)(H, W, C, Ho, Wo, fh, fw, sh, sw, ph, pw),
+                                    POOL_ACTIVATIONS[activation])
+        if not h:
+            raise MemoryError("edgehft_pool_create failed")
+        self._h, self._outp, self._run = ctypes.c_void_p(h), ctypes.c_void_p(self.out.ctypes.data), lib.edgehft_pool_run
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        x = _check(x, self.input_shape)
+        self._run(self._h, x.ctypes.data, self._outp)
+        return self.out
+
+
+class NativeConcat(_Native):
+    """TFLite CONCATENATION of float32 tensors of ``input_shapes`` along ``axis`` (negative counts from the
+    end). :meth:`run` takes the inputs in order and returns :attr:`out`. ``ShapeError`` when the shapes
+    differ off the axis."""
+
+    _destroy = "edgehft_concat_destroy"
+
+    def __init__(self, input_shapes, axis: int):
+        shapes = [tuple(int(d) for d in s) for s in input_shapes]
+        if not shapes or any(len(s) != len(shapes[0]) for s in shapes):
+            raise ShapeError(f"inputs must have the same rank, got {shapes}")
+        rank = len(shapes[0])
+        ax = axis + rank if axis < 0 else axis
+        if not 0 <= ax < rank:
+            raise ShapeError(f"axis {axis} out of range for rank {rank}")
+        if any(s[:ax] + s[ax + 1:] != shapes[0][:ax] + shapes[0][ax + 1:] for s in shapes):
+            raise ShapeError(f"inputs differ off axis {ax}: {shapes}")
+        self.input_shapes = shapes
+        outer = int(np.prod(shapes[0][:ax], dtype=np.int64))
+        inner = [int(np.prod(s[ax:], dtype=np.int64)) for s in shapes]
+        self.out = np.zeros(shapes[0][:ax] + (sum(s[ax] for s in shapes),) + shapes[0][ax + 1:], np.float32)
+        self._lib = lib = load_library()
+        h = lib.edgehft_concat_create(len(shapes), outer, (ctypes.c_int * len(shapes))(*inner))
+        if not h:
+            raise ShapeError(f"edgehft_concat_create refused shapes {shapes}")
+        self._h, self._outp, self._run = ctypes.c_void_p(h), ctypes.c_void_p(self.out.ctypes.data), lib.edgehft_concat_run
+        self._ptrs = (ctypes.c_void_p * len(shapes))()
+
+    def pointers(self, arrays) -> int:
+        """Address of a pointer array holding ``arrays``' data pointers (kept by this object), for
+        :meth:`run_ptr`. The arrays must stay alive and in place."""
+        for i, a in enumerate(arrays):
+            self._ptrs[i] = a.ctypes.data
+        return ctypes.addressof(self._ptrs)
+
+    def run(self, xs) -> np.ndarray:
+        if len(xs) != len(self.input_shapes):
+            raise ShapeError(f"{len(xs)} inputs, the concat takes {len(self.input_shapes)}")
+        xs = [_check(x, s) for x, s in zip(xs, self.input_shapes)]
+        self._run(self._h, self.pointers(xs), self._outp)
+        return self.out

@@ -1,0 +1,213 @@
+"""The cpu runtime's native plans (:mod:`edgehft.compiler.native`): a chain of LiteRT segments and native
+kernel calls (LSTM, CONV_2D, MAX_POOL_2D, CONCATENATION; RESHAPE as a view), tensors handed over by name,
+as ``native.json`` says.
+
+A chain step is ``(kind, handle)``: ``views`` (a LiteRT segment read and written through its own buffers),
+``litert`` (a segment through set/get_tensor), ``reshape`` (``(None, srcs, dst, shape)``) or a kernel
+(``(kernel, srcs, dst, out)``). :func:`run_step` runs one on a name -> array dict (the general path and
+``bench --profile``); :func:`bind` resolves every hand-over once, with kernel outputs in shared buffers
+(:mod:`edgehft.runtime.arena`), for the hot path.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+
+KERNELS = ("lstm", "conv2d", "maxpool", "concat")
+_OP_NAMES = {"lstm": "LSTM", "conv2d": "CONV_2D", "maxpool": "MAX_POOL_2D", "concat": "CONCATENATION"}
+
+
+class Chain:
+    """The opened chain: ``steps`` [(kind, handle)], ``meta`` per step (placement, model or kernel, graph
+    ops: what the profile shows), ``op_kernels`` (graph op -> "XNNPACK" | "native"), ``isa`` (native op ->
+    the code path its kernel runs), ``inputs``/``outputs`` (tensor names)."""
+
+    def __init__(self, bundle_path: Path, rel: str, threads: int, op_resolver: str):
+        from edgehft.runtime import cpu
+        graph = json.loads((Path(bundle_path) / rel).read_text())
+        self.inputs, self.outputs = graph["inputs"], graph["outputs"]
+        self.steps, self.meta = [], []
+        self.op_kernels: dict[int, str] = {}
+        self.isa: dict[str, str] = {}
+        for st in graph["steps"]:
+            kind = st["kind"]
+            self.meta.append({"placement": "cpu" if kind == "litert" else "native", "model": st.get("model"),
+                              "kernel": None if kind == "litert" else f"{st.get('what') or kind} (edgehft native)",
+                              "ops": st.get("ops") or [st.get("op")]})
+            if kind == "litert":
+                self.steps.append(_open_segment(cpu, Path(bundle_path), st, threads, op_resolver, self.op_kernels))
+                continue
+            self.op_kernels.update({i: "native" for i in (st.get("ops") or [st["op"]])})
+            srcs, dst = tuple(st["inputs"]), st["outputs"][0]
+            if kind == "reshape":
+                self.steps.append(("reshape", (None, srcs, dst, tuple(st["shape"]))))
+                continue
+            k, out = _open_kernel(Path(bundle_path), st)
+            if kind in ("lstm", "conv2d"):
+                self.isa[_OP_NAMES[kind]] = k.isa
+            self.steps.append((kind, (k, srcs, dst, out)))
+
+    def describe_path(self) -> str:
+        return " + edgehft native " + ", ".join(f"{op} ({v})" for op, v in self.isa.items()) if self.isa else ""
+
+    def close(self) -> None:
+        steps, self.steps = self.steps, []
+        for kind, h in steps:
+            if kind in KERNELS:
+                h[0].close()
+
+
+def _open_segment(cpu, root: Path, st: dict, threads: int, op_resolver: str, op_kernels: dict):
+    it = cpu.make_interpreter(root / st["model"], threads, op_resolver)
+    idx = {d["name"]: d["index"] for d in it.get_input_details() + it.get_output_details()}
+    stateful = bool(cpu.variable_tensors(root / st["model"]))
+    op_kernels.update({st["ops"][i]: v for i, v in cpu.delegated_ops(it).items()})
+    ins = [(idx[n], n) for n in st["inputs"]]
+    outs = [(idx[n], n) for n in st["outputs"]]
+    views = cpu._stable_views(it, [i for i, _ in ins] + [i for i, _ in outs])
+    if views is None:
+        return ("litert", (it, ins, outs, stateful))
+    invoke = it._interpreter.Invoke           # copy into / read from the interpreter's own buffers
+    if stateful:
+        reset = it._interpreter.ResetVariableTensors
+
+        def invoke(reset=reset, inv=invoke):
+            reset()
+            inv()
+    return ("views", (invoke, list(zip(views[:len(ins)], (n for _, n in ins))),
+                      list(zip(views[len(ins):], (n for _, n in outs))), it))
+
+
+def _open_kernel(root: Path, st: dict):
+    kind = st["kind"]
+    if kind == "conv2d":
+        from edgehft.kernels.native_conv import NativeConv2D
+        with np.load(root / st["weights"]) as w:
+            k = NativeConv2D(w["weights"], w["bias"] if "bias" in w.files else None, st["in_hw"], st["channels"],
+                             st["stride"], st["padding"], activation=st["activation"], alpha=st["alpha"])
+        return k, k.out
+    if kind == "maxpool":
+        from edgehft.kernels.native_ops import NativeMaxPool2D
+        k = NativeMaxPool2D(st["in_hw"], st["channels"], st["filter"], st["stride"], st["padding"], st["activation"])
+        return k, k.out
+    if kind == "concat":
+        from edgehft.kernels.native_ops import NativeConcat
+        k = NativeConcat(st["input_shapes"], st["axis"])
+        return k, k.out
+    if kind == "lstm":
+        from edgehft.kernels.native_lstm import NativeLSTM
+        with np.load(root / st["weights"]) as w:
+            k = NativeLSTM([(w["kernel"], w["recurrent_kernel"], w["bias"])], st["timesteps"], True,
+                           cell_clip=float(w["cell_clip"]))
+        if st.get("projected"):
+            k.projected()
+        return k, k.out.reshape(1, *k.out.shape)          # a view: (1, T, H)
+    raise ValueError(f"native.json: unknown step kind {kind!r} (a newer edgehft made this bundle?)")
+
+
+def run_step(kind: str, st, h, env: dict) -> None:
+    """Run one chain step on ``env`` (tensor name -> array), in place. ``st`` is unused (the PYNQ
+    runner's signature, so ``bench --profile`` times both the same way)."""
+    if kind == "views":
+        invoke, ins, outs, _ = h
+        for view, name in ins:
+            np.copyto(view, env[name].reshape(view.shape))
+        invoke()
+        for view, name in outs:
+            env[name] = view
+    elif kind == "litert":
+        it, ins, outs, stateful = h
+        for idx, name in ins:
+            it.set_tensor(idx, env[name])
+        if stateful:
+            it.reset_all_variables()
+        it.invoke()
+        for idx, name in outs:
+            env[name] = it.get_tensor(idx)
+    elif kind == "reshape":
+        _, srcs, dst, shape = h
+        env[dst] = env[srcs[0]].reshape(shape)
+    else:
+        k, srcs, dst, out = h
+        xs = [np.ascontiguousarray(env[s], np.float32) for s in srcs]
+        k.run_ptr(k.pointers(xs) if kind == "concat" else xs[0].ctypes.data)
+        env[dst] = out
+
+
+def invoke(chain: Chain, staging_in, staging_out) -> None:
+    """The general path: every step through :func:`run_step`, outputs copied to ``staging_out``."""
+    env = dict(zip(chain.inputs, staging_in))
+    for kind, h in chain.steps:
+        run_step(kind, None, h, env)
+    for name, buf in zip(chain.outputs, staging_out):
+        np.copyto(buf, env[name].reshape(buf.shape))
+
+
+def bind(chain: Chain, staging_in, staging_out):
+    """The hot path, when every buffer the chain hands over stays put (segments through their own
+    buffers' views; kernel outputs in shared buffers planned by :mod:`edgehft.runtime.arena`, so the
+    chain's working set stays small): each step's source and destination resolved once, one bound ctypes
+    call per kernel, a copy-in and invoke per segment, no name lookups. Returns ``(invoke, buffers)``
+    (keep the buffers alive with the invoke), or None when a hand-over could move (use :func:`invoke`)."""
+    from edgehft.runtime import arena
+    if any(kind not in ("views", "reshape", *KERNELS) for kind, _ in chain.steps):
+        return None
+    root: dict[str, str] = {}                   # a reshape's output is a view of its source's buffer
+
+    def r(n):
+        return root.get(n, n)
+    plan = []
+    for kind, h in chain.steps:
+        if kind == "views":
+            plan.append(([r(n) for _, n in h[1]], None, 0))
+        elif kind == "reshape":
+            root[h[2]] = r(h[1][0])
+            plan.append(([r(h[1][0])], None, 0))
+        else:
+            plan.append(([r(n) for n in h[1]], h[2], h[3].nbytes))
+    keep = {r(n) for n in chain.outputs}
+    where = arena.plan_buffers(plan, keep)
+    pool = arena.allocate(arena.buffer_sizes(plan, keep))
+    env = dict(zip(chain.inputs, staging_in))
+    calls = []
+    for (kind, h), slot in zip(chain.steps, where):
+        if kind == "views":
+            inv, ins, outs, _ = h
+            pairs = [(view, env[name].reshape(view.shape)) for view, name in ins]
+            if not all(np.may_share_memory(src, env[name]) for (_, src), (_, name) in zip(pairs, ins)):
+                return None                     # a reshape that copies would read stale data
+
+            def seg(pairs=tuple(pairs), inv=inv, copy=np.copyto):
+                for dst, src in pairs:
+                    copy(dst, src)
+                inv()
+            calls.append(seg)
+            env.update({name: view for view, name in outs})
+        elif kind == "reshape":
+            _, srcs, dst, shape = h
+            env[dst] = env[srcs[0]].reshape(shape)
+            if not np.may_share_memory(env[dst], env[srcs[0]]):
+                return None
+        else:
+            k, srcs, dst, out = h
+            xs = [env[s] for s in srcs]
+            if any(x.dtype != np.float32 or not x.flags.c_contiguous for x in xs):
+                return None
+            y = pool[slot][:out.nbytes].view(out.dtype).reshape(out.shape)
+            x_ptr = k.pointers(xs) if kind == "concat" else xs[0].ctypes.data
+            calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(x_ptr), ctypes.c_void_p(y.ctypes.data)))
+            env[dst] = y
+    finals = [(buf, env[name].reshape(buf.shape)) for name, buf in zip(chain.outputs, staging_out)]
+    if not all(np.may_share_memory(src, env[name]) for (_, src), name in zip(finals, chain.outputs)):
+        return None
+
+    def invoke_bound(calls=tuple(calls), finals=tuple(finals), copy=np.copyto):
+        for call in calls:
+            call()
+        for dst, src in finals:
+            copy(dst, src)
+    return invoke_bound, pool
