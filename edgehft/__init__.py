@@ -4,4 +4,4 @@ Importing edgehft never imports TensorFlow: the runtime (:mod:`edgehft.runtime`)
 only have numpy and a TFLite interpreter. The compiler (:mod:`edgehft.compiler`) needs
 ``pip install 'edgehft[compile]'``.
 """
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -21,7 +21,10 @@ from pydantic import BaseModel, Field, ValidationError
 from edgehft.errors import BundleError
 
 FORMAT = "edgehft-bundle"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Format 2: the cpu board's native-bf16 plan (native.json steps conv2d / maxpool / concat / reshape). A bundle
+# is written with the lowest format that describes it, so boxes with an older edgehft still take the rest.
+FORMAT_VERSION_FOR_PLAN = {"native-bf16": 2}
 MANIFEST = "manifest.json"
 REPORT = "report.json"
 
@@ -80,7 +83,7 @@ class Features(BaseModel):
 
 class Manifest(BaseModel):
     format: str = FORMAT
-    format_version: int = FORMAT_VERSION
+    format_version: int = 1
     created_utc: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     board: str
     backend: str

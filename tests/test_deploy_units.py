@@ -58,7 +58,7 @@ def test_probe_reads_the_vendor_files(tmp_path):
     pynq = _tree(tmp_path / "pynq", {"etc/environment": 'PATH="/usr/bin"\nBOARD=Pynq-Z2\n'})
     assert probe_box(pynq)["pynq_board"] == "Pynq-Z2"
     here = probe_box()
-    assert here["packages"]["edgehft"] and here["bundle_format_version"] == 1
+    assert here["packages"]["edgehft"] and here["bundle_format_version"] == 2
 
 
 def test_board_identity_rules():
@@ -77,8 +77,15 @@ def test_board_identity_rules():
     assert board_mismatches(load_board("coral-usb"), {**litert, "edgetpu": {"usb": 1, "pci": 0}}) == []
     assert "no Edge TPU on PCI" in board_mismatches(load_board("coral-pcie"), {**litert, "edgetpu": {"usb": 1, "pci": 0}})[0]
     assert "reads bundle format 0" in board_mismatches(load_board("cpu"), {**litert, "bundle_format_version": 0})[0]
+    # a native-bf16 bundle is format 2: a box whose edgehft reads format 1 is refused, other bundles are not
+    assert "this bundle is format 2" in board_mismatches(load_board("cpu"), litert, 2)[0]
+    assert board_mismatches(load_board("cpu"), litert, 1) == []
     assert "no C++ compiler" in board_mismatches(load_board("cpu"), litert, needs_cxx=True)[0]
     assert board_mismatches(load_board("cpu"), {**litert, "cxx": "/usr/bin/g++"}, needs_cxx=True) == []
+    no_amx = {**litert, "cxx": "/usr/bin/g++", "cpu_flags": ["avx512f"]}
+    assert "no AMX-BF16" in board_mismatches(load_board("cpu"), no_amx, needs_cxx=True, needs_amx=True)[0]
+    amx = {**no_amx, "cpu_flags": ["amx_bf16", "amx_tile", "avx512f"]}
+    assert board_mismatches(load_board("cpu"), amx, needs_cxx=True, needs_amx=True) == []
 
 
 def test_inventory_formats(tmp_path):

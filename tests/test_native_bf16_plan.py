@@ -33,6 +33,7 @@ def bf16_bundle(models, tmp_path_factory):
 def test_bundle_runs_convs_and_lstm_projection_natively(bf16_bundle):
     b = load_bundle(bf16_bundle)
     assert b.manifest.quantization.mode == "native-bf16" and b.manifest.artifacts["native"] == "native.json"
+    assert b.manifest.format_version == 2                    # older edgehft (format 1) refuses it up front
     graph = json.loads((bf16_bundle / "native.json").read_text())
     steps = graph["steps"]
     # RESHAPE of the input, conv+lrelu, conv+lrelu, max pool, two convs, CONCATENATION, RESHAPE, projection,

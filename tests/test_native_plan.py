@@ -47,6 +47,7 @@ def test_native_plan_is_a_measured_candidate_and_the_bundle_runs_it(native_bundl
     assert set(measured) == {*plans.CANDIDATES, "native"} | ({"native-bf16"} if amx_available() else set())
     assert rep.plan["chosen"] == "native" and measured["native"]["drift_passed"]
     assert b.manifest.quantization.mode == "native" and b.manifest.artifacts["native"] == "native.json"
+    assert b.manifest.format_version == 1                    # readable by edgehft 0.2.0 boxes
     assert {"native.json", "model.tflite", "model_int8.tflite"} <= set(b.manifest.files)
     assert "native plan" in rep.plan["reference"]
     lstm = [o for o in rep.ops if o.op == "UNIDIRECTIONAL_SEQUENCE_LSTM"]

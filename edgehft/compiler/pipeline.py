@@ -16,8 +16,8 @@ import numpy as np
 
 from edgehft import __version__
 from edgehft.boards import load_board
-from edgehft.bundle import (Bundle, Features, Golden, Manifest, Quantization, SourceModel, TensorSpec,
-                            sha256_arrays, sha256_file, write_bundle)
+from edgehft.bundle import (FORMAT_VERSION_FOR_PLAN, Bundle, Features, Golden, Manifest, Quantization, SourceModel,
+                            TensorSpec, sha256_arrays, sha256_file, write_bundle)
 from edgehft.compiler import coral
 from edgehft.compiler.drift import measure_drift
 from edgehft.compiler.golden import golden_npz, reference_kernel_diff, run_golden
@@ -228,6 +228,7 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
         atol = 0.0 if integer else max(1e-5, 2 * float(ref_diff.get("max_diff_vs_reference_kernels") or 0.0))
         manifest.golden = Golden(count=g, reference_path=gold.path, compare="exact" if integer else "allclose",
                                  atol=atol)
+        manifest.format_version = FORMAT_VERSION_FOR_PLAN.get(quant, 1)
         golden = {"count": g, "reference_path": gold.path, "inputs": gold.source,
                   "inputs_sha256": sha256_arrays(*gold.inputs), **ref_diff}
         files: dict[str, bytes | Path] = {"model.tflite": model_file, "golden.npz": golden_npz(

@@ -123,7 +123,8 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         res.box_reached = True
         ctx.update(facts=facts, status=status)
         native = b.manifest.quantization.mode.startswith("native")
-        for why in board_mismatches(spec, facts, b.manifest.format_version, needs_cxx=native):
+        for why in board_mismatches(spec, facts, b.manifest.format_version, needs_cxx=native,
+                                    needs_amx=b.manifest.quantization.mode == "native-bf16"):
             if not force:
                 raise DeployError(f"the box is not a {name}: {why}",
                                   hint="deploy to the right box, or pass --force if you know better")

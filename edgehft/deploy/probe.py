@@ -69,13 +69,24 @@ def _versions() -> dict:
     return found
 
 
+def _cpu_flags(root: Path) -> list[str] | None:
+    text = _read(root / "proc/cpuinfo")
+    if text is None:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return sorted(set(line.split(":", 1)[1].split()) & {"avx512f", "amx_tile", "amx_bf16"})
+    return []
+
+
 def probe_box(root: str | Path = "/") -> dict:
     """Facts about the machine this runs on (JSON-able).
 
     Returns:
         ``{"arch", "hostname", "python", "packages": {name: version}, "pynq_board", "l4t",
         "device_tree_model", "edgetpu": {"usb": n, "pci": n}, "cxx" (the C++ compiler that builds native
-        kernels on first open), "bundle_format_version"}``; fields the box does not have are None.
+        kernels on first open), "cpu_flags" (the native kernels' ISA flags the CPU reports: avx512f,
+        amx_tile, amx_bf16), "bundle_format_version"}``; fields the box does not have are None.
     """
     from edgehft.bundle import FORMAT_VERSION
     root = Path(root)
@@ -89,11 +100,13 @@ def probe_box(root: str | Path = "/") -> dict:
         "device_tree_model": _read(root / "proc/device-tree/model"),
         "edgetpu": _edgetpus(root),
         "cxx": shutil.which(os.environ.get("CXX", "g++")) if root == Path("/") else None,
+        "cpu_flags": _cpu_flags(root),
         "bundle_format_version": FORMAT_VERSION,
     }
 
 
-def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_cxx: bool = False) -> list[str]:
+def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_cxx: bool = False,
+                     needs_amx: bool = False) -> list[str]:
     """Why the box described by ``facts`` is not ``board`` (empty when it is).
 
     Rules per backend: cpu — a LiteRT interpreter is installed; pynq — ``BOARD`` equals the board file's
@@ -101,13 +114,19 @@ def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_c
     of the board name after ``jetson-`` is in the device-tree model; coral — an Edge TPU on the board's
     ``runtime.device`` bus (usb or pci). Every box needs a LiteRT interpreter (CPU segments, golden checks)
     unless it is a Jetson, and an edgehft that reads the bundle's format version; ``needs_cxx`` (a cpu
-    bundle on the native plan, whose LSTM kernel is built on the box at first open): a C++ compiler.
+    bundle on a native plan, whose kernels are built on the box at first open): a C++ compiler;
+    ``needs_amx`` (the native-bf16 plan): a CPU with AMX-BF16 (when the box reports its flags).
     """
     why = []
     pk = facts.get("packages", {})
     if facts.get("bundle_format_version", 0) < bundle_format_version:
         why.append(f"the box's edgehft {pk.get('edgehft', '?')} reads bundle format "
                    f"{facts.get('bundle_format_version')}; this bundle is format {bundle_format_version}")
+    if needs_amx and facts.get("cpu_flags") is not None and not {"amx_tile", "amx_bf16"} <= set(facts["cpu_flags"]):
+        why.append("the box's CPU has no AMX-BF16 (cpu flags: " + (", ".join(facts["cpu_flags"]) or "none of "
+                   "avx512f/amx") + "): the bundle's native-bf16 plan would run its convs on the portable loop, "
+                   "several times slower than LiteRT; compile with --quant auto on a host like the box, or "
+                   "--quant native")
     if needs_cxx and not facts.get("cxx"):
         why.append("no C++ compiler (g++) on the box to build the bundle's native kernels; install g++ there, "
                    "or compile with --quant dynamic")
