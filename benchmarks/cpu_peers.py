@@ -2,8 +2,9 @@
 
 For each model (DeepLOB on windows from the real Binance feed; a 64-512-256-128-64-1 MLP and the STAC-ML
 LSTM_A shape, 2 x LSTM(100) over 50 x 100 + Dense(1), both with seeded random weights and windows) it
-compiles with edgehft the cpu board's chosen plan (``--quant auto``: int8, dynamic and float measured
-on this host, the fastest that passes the drift gate), the int8 plan and the float plan, then times
+compiles with edgehft the cpu board's chosen plan (``--quant auto``: int8, dynamic, float and the native
+plans that apply measured on this host, the fastest that passes the drift gate), the int8 plan and the
+float plan, then times
 one call per window of:
 
   edgehft cpu (chosen plan)     runtime.open(auto bundle).predict on float32 windows: every ratio is
@@ -26,7 +27,8 @@ every peer alike. A peer gets --samples calls or as many as fit in --budget-s se
 (max |Δ| column). A peer that fails is reported as "failed: <reason>"; the others still run. Bundles
 are compiled first, before this process is pinned or imports TensorFlow. Interleaving also evicts each
 peer's weights from the caches between its calls, which inflates every p99; so edgehft's chosen plan and
-the fastest peers are then timed once more each alone on the core, back to back (a dedicated box).
+the fastest peers are then timed once more each alone on the core, back to back (a dedicated box), and
+so is a fixed workload (matrix products) of about edgehft's p50: the machine's own jitter floor.
 
     python benchmarks/cpu_peers.py [--models deeplob,mlp,lstm_a] [--samples 2000] [--budget-s 3] [--out r.json]
 """
@@ -141,6 +143,26 @@ def time_interleaved(peers: dict, warmup: int, samples: int, budget_s: float) ->
     finally:
         gc.enable()
     return lat
+
+
+def machine_floor(target_us: float, args) -> dict:
+    """The same core's jitter on a fixed workload: repeated single-thread float32 matrix products
+    (OpenBLAS, 128x128 @ 128x128, the same inputs every call) sized to ~``target_us``, timed alone like
+    the peers. Its p99/p50 is what this machine does to a constant amount of work: no model's p99/p50 can
+    be expected below it here."""
+    a = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)
+    out = np.empty_like(a)
+    t0 = time.perf_counter_ns()
+    for _ in range(200):
+        np.matmul(a, a, out=out)
+    reps = max(1, round(target_us * 1e3 / ((time.perf_counter_ns() - t0) / 200)))
+
+    def work(_x):
+        for _ in range(reps):
+            np.matmul(a, a, out=out)
+    ns = time_interleaved({"floor": (work, [None])}, args.warmup, args.samples, args.budget_s)["floor"]
+    return {"workload": f"{reps} x float32 matmul 128x128 @ 128x128 (OpenBLAS, 1 thread)",
+            "latency_us": summarize_us(ns)}
 
 
 def raw_loop(model_path: Path):
@@ -292,6 +314,8 @@ def bench_model(name: str, args, build: Path, cpu: int, model_path: Path, x: np.
         if peer in peers:
             ns = time_interleaved({peer: peers[peer]}, args.warmup, args.samples, args.budget_s)[peer]
             rows[peer]["alone_latency_us"] = summarize_us(ns)
+    if "alone_latency_us" in rows.get(EDGEHFT, {}):
+        result["machine_floor"] = machine_floor(rows[EDGEHFT]["alone_latency_us"]["p50"], args)
     result["peers"] = list(rows.values())
     base = rows[EDGEHFT].get("latency_us") if EDGEHFT in rows else None
     for r in result["peers"]:
@@ -327,6 +351,12 @@ def print_table(console, name: str, res: dict) -> None:
             f"{r['peer']} p50 {r['alone_latency_us']['p50']:,.1f} µs, p99 {r['alone_latency_us']['p99']:,.1f} µs "
             f"(p99/p50 {r['alone_latency_us']['p99'] / r['alone_latency_us']['p50']:.2f}"
             + (f", ratio p50 {r['alone_latency_us']['p50'] / base:.2f}x)" if base else ")") for r in alone))
+    floor = res.get("machine_floor")
+    if floor:
+        u = floor["latency_us"]
+        console.print(f"{name}, machine floor (a fixed workload of about edgehft's p50, alone on the core: "
+                      f"{floor['workload']}): p50 {u['p50']:,.1f} µs, p99 {u['p99']:,.1f} µs, "
+                      f"p99/p50 {u['p99'] / u['p50']:.2f}")
     if name == "lstm_a":
         console.print("STAC-ML LSTM_A audited p99 records: "
                       + ", ".join(f"{k} {v} µs" for k, v in STAC_P99_US.items()))

@@ -13,9 +13,11 @@ recurrent_kernel (H, 4H), bias (4H,)); float32 weights are taken as they are, in
 dequantized. ``weights_from`` takes them from another conversion of the same model instead (the auto
 plan uses the dynamic-range graph for the other ops and the float conversion's exact LSTM weights).
 
-Refused (:class:`~edgehft.errors.LoweringError`): no LSTM op, peepholes, projection, CIFG (no input
-gate), layer norm, activation other than tanh, a projection clip, time-major input, batch other than 1.
-The op's ``cell_clip`` (the TF converter writes 10 for a Keras LSTM) is applied by the kernel.
+Refused (:class:`~edgehft.errors.LoweringError`): no op for a native kernel; an LSTM with peepholes,
+projection, CIFG (no input gate), layer norm, activation other than tanh, a projection clip, time-major
+input, batch other than 1. The op's ``cell_clip`` (the TF converter writes 10 for a Keras LSTM) is applied
+by the kernel. A CONV_2D the conv kernel does not take (dilation, a non-float input, a fused activation
+other than relu/relu6/relu_n1_to_1) stays on LiteRT; ``native.json`` says why under ``conv_left_on_litert``.
 """
 from __future__ import annotations
 
