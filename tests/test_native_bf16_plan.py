@@ -37,9 +37,10 @@ def test_bundle_runs_convs_and_lstm_projection_natively(bf16_bundle):
     graph = json.loads((bf16_bundle / "native.json").read_text())
     steps = graph["steps"]
     # RESHAPE of the input, conv+lrelu, conv+lrelu, max pool, two convs, CONCATENATION, RESHAPE, projection,
-    # LSTM, then LiteRT (strided slice, Dense, softmax)
+    # LSTM, its last step (a STRIDED_SLICE view), Dense, softmax: no LiteRT segment left
     assert [s["kind"] for s in steps] == ["reshape", "conv2d", "conv2d", "maxpool", "conv2d", "conv2d", "concat",
-                                          "reshape", "conv2d", "lstm", "litert"]
+                                          "reshape", "conv2d", "lstm", "slice", "fc", "softmax"]
+    assert steps[10]["index"][1] == {"index": -1} and steps[11]["shape"] == [1, 3]
     assert steps[3]["filter"] == [3, 1] and steps[3]["padding"] == "SAME" and steps[7]["shape"] == [1, 20, 24]
     assert steps[6]["input_shapes"] == [[1, 20, 1, 16], [1, 20, 1, 8]] and steps[6]["axis"] in (3, -1)
     convs = [s for s in steps if s["kind"] == "conv2d"]
@@ -53,6 +54,7 @@ def test_bundle_runs_convs_and_lstm_projection_natively(bf16_bundle):
     kernels = {o.op: {p.kernel for p in rep.ops if p.op == o.op} for o in rep.ops}
     assert kernels["CONV_2D"] == kernels["LEAKY_RELU"] == kernels["UNIDIRECTIONAL_SEQUENCE_LSTM"] == {"native"}
     assert kernels["MAX_POOL_2D"] == kernels["RESHAPE"] == kernels["CONCATENATION"] == {"native"}
+    assert kernels["STRIDED_SLICE"] == kernels["FULLY_CONNECTED"] == kernels["SOFTMAX"] == {"native"}
     assert any("bf16" in n for n in rep.notes)
     with runtime.open(bf16_bundle) as r:
         d = r.describe()
@@ -91,6 +93,15 @@ def test_independent_chain_reproduces_the_golden_vectors(bf16_bundle):
             if st["kind"] == "reshape":
                 env[st["outputs"][0]] = src.reshape(st["shape"])
                 continue
+            if st["kind"] == "slice":
+                idx = tuple(slice(d["start"], d["stop"], d["step"]) if "index" not in d else d["index"]
+                            for d in st["index"])
+                env[st["outputs"][0]] = src[idx].reshape(st["shape"])
+                continue
+            if st["kind"] == "softmax":
+                z = np.exp(st["beta"] * (src.astype(np.float64) - src.max(-1, keepdims=True)))
+                env[st["outputs"][0]] = (z / z.sum(-1, keepdims=True)).astype(np.float32)
+                continue
             if st["kind"] == "concat":
                 env[st["outputs"][0]] = np.concatenate([env[n] for n in st["inputs"]], st["axis"])
                 continue
@@ -101,6 +112,11 @@ def test_independent_chain_reproduces_the_golden_vectors(bf16_bundle):
                 env[st["outputs"][0]] = out[None]
                 continue
             w = np.load(bf16_bundle / st["weights"])
+            if st["kind"] == "fc":
+                z = src.reshape(st["rows"], -1).astype(np.float64) @ w["weights"].T.astype(np.float64)
+                env[st["outputs"][0]] = (z + (w["bias"] if "bias" in w.files else 0)).reshape(st["shape"]).astype(
+                    np.float32)
+                continue
             if st["kind"] == "conv2d":
                 H, W = st["in_hw"]
                 xin = src.reshape(H, W, st["channels"])

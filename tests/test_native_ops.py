@@ -1,11 +1,12 @@
-"""edgehft's native MAX_POOL_2D and CONCATENATION (edgehft/kernels/cpu_ops.cpp): exact against numpy
-versions of the TFLite reference kernels."""
+"""edgehft's native MAX_POOL_2D, CONCATENATION, FULLY_CONNECTED and SOFTMAX (edgehft/kernels/cpu_ops.cpp),
+and the chain's slice views: against numpy versions of the TFLite reference kernels (pool and concat
+exactly, the fp32 sums to fp32 rounding)."""
 import numpy as np
 import pytest
 
 from edgehft.errors import DTypeError, ShapeError
 from edgehft.kernels.native_conv import geometry
-from edgehft.kernels.native_ops import NativeConcat, NativeMaxPool2D
+from edgehft.kernels.native_ops import NativeConcat, NativeDense, NativeMaxPool2D, NativeSoftmax
 
 pytestmark = pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="needs g++")
 
@@ -41,6 +42,41 @@ def test_concat_is_exact_on_every_axis():
         cat = NativeConcat(shapes, axis)
         np.testing.assert_array_equal(cat.run(xs), np.concatenate(xs, axis))
         assert cat.run(xs) is cat.out
+
+
+def test_dense_matches_float64():
+    rng = np.random.default_rng(2)
+    for rows, N, M in ((1, 64, 3), (5, 100, 1), (3, 17, 40)):
+        w = rng.standard_normal((M, N)).astype(np.float32)
+        b = rng.standard_normal(M).astype(np.float32)
+        x = rng.standard_normal((rows, N)).astype(np.float32)
+        for act, f in (("none", lambda v: v), ("relu", lambda v: np.maximum(v, 0))):
+            y = NativeDense(w, b, rows, activation=act).run(x)
+            ref = f(x.astype(np.float64) @ w.T.astype(np.float64) + b)
+            mag = np.abs(x).astype(np.float64) @ np.abs(w).T.astype(np.float64) + np.abs(b)
+            assert y.shape == (rows, M) and (np.abs(y - ref) <= 1e-6 * mag).all()
+    d = NativeDense(np.ones((2, 3)), None, 4, out_shape=(2, 2, 2))            # rows of a (.., N) input
+    np.testing.assert_array_equal(d.run(np.ones((1, 4, 3), np.float32)), np.full((2, 2, 2), 3.0))
+
+
+def test_softmax_matches_float64():
+    x = (np.random.default_rng(4).standard_normal((2, 7, 5)) * 20).astype(np.float32)
+    for beta in (1.0, 0.3):
+        z = np.exp(beta * (x.astype(np.float64) - x.max(-1, keepdims=True)))
+        ref = z / z.sum(-1, keepdims=True)
+        y = NativeSoftmax(x.shape, beta).run(x)
+        assert np.abs(y - ref).max() < 1e-6 and np.allclose(y.sum(-1), 1, atol=1e-6)
+
+
+def test_slice_views_follow_numpy():
+    from edgehft.runtime.native_chain import _view_of
+    x = np.arange(2 * 100 * 64, dtype=np.float32).reshape(2, 100, 64)
+    last = [{"start": None, "stop": None, "step": 1}, {"index": -1}, {"start": None, "stop": None, "step": 1}]
+    v = _view_of(x, last, (2, 64))
+    np.testing.assert_array_equal(v, x[:, -1, :])
+    one = [{"index": 1}, {"start": 10, "stop": 12, "step": 1}, {"start": None, "stop": None, "step": 1}]
+    v = _view_of(x, one, (1, 2, 64))
+    assert np.shares_memory(v, x) and v.flags.c_contiguous and np.array_equal(v[0], x[1, 10:12])
 
 
 def test_bad_input_is_refused():

@@ -1,7 +1,8 @@
 """The native plans of the cpu board: a TFLite graph whose UNIDIRECTIONAL_SEQUENCE_LSTM ops run on
 edgehft's native LSTM kernel (:mod:`edgehft.kernels.native_lstm`), with ``convs=True`` also its CONV_2D ops
 on the native bf16 conv kernel (:mod:`edgehft.kernels.native_conv`, a following LEAKY_RELU fused) and the
-MAX_POOL_2D / CONCATENATION / RESHAPE ops fed by native steps on :mod:`edgehft.kernels.native_ops`, and
+MAX_POOL_2D / CONCATENATION / RESHAPE / STRIDED_SLICE / FULLY_CONNECTED / SOFTMAX ops fed by native steps
+on :mod:`edgehft.kernels.native_ops` (reshapes and contiguous slices as views), and
 every other op on LiteRT.
 
 The graph is cut (:func:`edgehft.compiler.split.split`) into LiteRT segment models between the native ops;
@@ -154,75 +155,6 @@ def conv_ops(model_bytes: bytes) -> tuple[list[ConvOp], dict[int, str]]:
     return found, skipped
 
 
-@dataclass
-class MoveOp:
-    """A MAX_POOL_2D, CONCATENATION or RESHAPE that runs natively because its inputs come from native steps
-    (between native kernels a LiteRT segment would cost more than the op)."""
-    op: int
-    kind: str                   # maxpool | concat | reshape
-    inputs: list
-    output: str
-    params: dict
-
-    @property
-    def ops(self):
-        return [self.op]
-
-
-def move_ops(model_bytes: bytes, native_outputs: dict[int, str], fused: set[int]) -> list[MoveOp]:
-    """Walk the graph in order; a float32 MAX_POOL_2D (batch 1, 4-D), CONCATENATION (no fused activation)
-    or RESHAPE whose non-constant inputs are all the graph's inputs or outputs of native steps
-    (``native_outputs``: op index -> output name, the native kernels' and the ones found so far) runs
-    natively. ``fused``: op indices already inside a native step."""
-    s = _schema()
-    m = s.ModelT.InitFromPackedBuf(model_bytes, 0)
-    g = m.subgraphs[0]
-    B = s.BuiltinOperator
-    codes = [max(oc.builtinCode, oc.deprecatedBuiltinCode) for oc in m.operatorCodes]
-    avail = {_name(g.tensors[int(t)]) for t in g.inputs}
-    found = []
-    for k, op in enumerate(g.operators):
-        if k in native_outputs:
-            avail.add(native_outputs[k])
-            continue
-        if k in fused:
-            continue
-        code = codes[op.opcodeIndex]
-        if code not in (B.MAX_POOL_2D, B.CONCATENATION, B.RESHAPE):
-            continue
-        ins = [int(t) for t in op.inputs if int(t) >= 0]
-        data = [t for t in ins if _const(s, m, g, t) is None] if code != B.RESHAPE else ins[:1]
-        names = [_name(g.tensors[t]) for t in data]
-        out_t = g.tensors[int(op.outputs[0])]
-        if not names or any(n not in avail for n in names) or out_t.type != s.TensorType.FLOAT32 or any(
-                g.tensors[t].type != s.TensorType.FLOAT32 for t in data):
-            continue
-        o = op.builtinOptions
-        shape = [int(d) for d in out_t.shape]
-        if code == B.MAX_POOL_2D:
-            x = g.tensors[data[0]]
-            if len(x.shape) != 4 or int(x.shape[0]) != 1 or o.fusedActivationFunction not in _ACTS:
-                continue
-            params = {"in_hw": [int(x.shape[1]), int(x.shape[2])], "channels": int(x.shape[3]),
-                      "filter": [int(o.filterHeight), int(o.filterWidth)], "stride": [int(o.strideH), int(o.strideW)],
-                      "padding": "SAME" if o.padding == 0 else "VALID", "activation": _ACTS[o.fusedActivationFunction]}
-            kind = "maxpool"
-        elif code == B.CONCATENATION:
-            if o.fusedActivationFunction != 0:
-                continue
-            params = {"input_shapes": [[int(d) for d in g.tensors[t].shape] for t in data], "axis": int(o.axis)}
-            kind = "concat"
-        else:
-            if -1 in shape:
-                continue
-            params = {"shape": shape}
-            kind = "reshape"
-        found.append(MoveOp(k, kind, names, _name(out_t), params))
-        native_outputs[k] = _name(out_t)
-        avail.add(_name(out_t))
-    return found
-
-
 def lstm_ops(model_bytes: bytes) -> list[LstmOp]:
     """Every UNIDIRECTIONAL_SEQUENCE_LSTM of the main subgraph, checked and with Keras-layout weights."""
     s = _schema()
@@ -294,7 +226,8 @@ def native_files(model_file: str | Path, weights_from: str | Path | None = None,
     g = s.ModelT.InitFromPackedBuf(data, 0).subgraphs[0]
     at: dict = {o.op: o for o in ops}
     at.update({c.op: c for c in cops})
-    if convs:           # pools, concats and reshapes fed by native steps: no LiteRT segment for them
+    if convs:           # pools, concats, reshapes, ... fed by native steps: no LiteRT segment for them
+        from edgehft.compiler.native_moves import MoveOp, move_ops
         outs = {k: o.output for k, o in at.items()}
         at.update({o.op: o for o in move_ops(data, outs, {i for c in cops for i in c.ops[1:]})})
     plan, cur, k = [], [], 0
@@ -321,9 +254,15 @@ def native_files(model_file: str | Path, weights_from: str | Path | None = None,
             steps.append({"kind": "litert", "ops": p, "model": rel, "inputs": seg.inputs, "outputs": seg.outputs})
             continue
         o = at[p]
-        if isinstance(o, MoveOp):
-            steps.append({"kind": o.kind, "op": p, "ops": [p], "inputs": o.inputs, "outputs": [o.output],
-                          **o.params})
+        if convs and isinstance(o, MoveOp):
+            step = {"kind": o.kind, "op": p, "ops": [p], "inputs": o.inputs, "outputs": [o.output], **o.params}
+            if o.arrays:
+                rel = f"native/op{p}.npz"
+                buf = io.BytesIO()
+                np.savez(buf, **o.arrays)
+                files[rel] = buf.getvalue()
+                step["weights"] = rel
+            steps.append(step)
             continue
         rel = f"native/op{p}.npz"
         buf = io.BytesIO()

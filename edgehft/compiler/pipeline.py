@@ -87,7 +87,11 @@ def _native_reason(op_name: str, plan: str) -> str:
                 "(native-bf16 plan)" if plan == "native-bf16" else "edgehft's native fp32 LSTM kernel (native plan)")
     if op_name == "LEAKY_RELU":
         return "fused into the CONV_2D before it on edgehft's native bf16 conv kernel (native-bf16 plan)"
-    return "edgehft's native bf16 conv kernel, AMX tiles (native-bf16 plan)"
+    if op_name in ("RESHAPE", "STRIDED_SLICE"):
+        return "a view of its input, no copy (native-bf16 plan)"
+    if op_name == "CONV_2D":
+        return "edgehft's native bf16 conv kernel, AMX tiles (native-bf16 plan)"
+    return "edgehft's native fp32 kernel, cpu_ops.cpp (native-bf16 plan)"
 
 
 def _op_report(ir: TFLiteModel, kernels: dict[int, str], layers: list, plan: str = "") -> list[OpPlacement]:

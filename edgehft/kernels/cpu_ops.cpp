@@ -9,9 +9,17 @@
 // CONCATENATION: inputs with equal dims except the axis, row-major; with outer = the product of the dims
 // before the axis and inner_i = the product of input i's dims from the axis on, the output is, for each
 // outer index, input 0's inner_0 values, then input 1's, ... (memcpy; exact).
+//
+// FULLY_CONNECTED (fp32): out[r][m] = act(bias[m] + sum_n x[r][n] * w[m][n]), w in TFLite's (M, N) layout;
+// the sum runs over n in 16 fp32 lanes (lane n % 16), then the lanes are added in a fixed tree order.
+// SOFTMAX (fp32, TFLite reference kernel): out[r][i] = exp(beta * (x[r][i] - max_r)) / sum_j exp(...).
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -22,6 +30,18 @@ struct Pool {
 struct Concat {
     int n, outer;
     int* inner;
+};
+
+struct Dense {
+    int rows, N, M, act;
+    float* w;                 // (M, N), rows 64-byte aligned at stride Np
+    float* b;                 // (M,)
+    int Np;
+};
+
+struct Softmax {
+    int rows, N;
+    float beta;
 };
 
 inline float activate(float v, int act) {
@@ -106,5 +126,84 @@ void edgehft_concat_destroy(void* h) {
     if (c) free(c->inner);
     free(c);
 }
+
+// rows x N input, M outputs; w (M, N) float32; b (M,) or null; act as for the pool. Null on a bad size.
+void* edgehft_dense_create(int rows, int N, int M, const float* w, const float* b, int act) {
+    if (rows < 1 || N < 1 || M < 1 || act < 0 || act > 3) return nullptr;
+    Dense* d = static_cast<Dense*>(malloc(sizeof(Dense)));
+    if (!d) return nullptr;
+    d->rows = rows; d->N = N; d->M = M; d->act = act; d->Np = (N + 15) / 16 * 16;
+    void* pw = nullptr;
+    if (posix_memalign(&pw, 64, sizeof(float) * static_cast<size_t>(M) * d->Np)) pw = nullptr;
+    d->w = static_cast<float*>(pw);
+    d->b = static_cast<float*>(malloc(sizeof(float) * M));
+    if (!d->w || !d->b) {
+        free(d->w); free(d->b); free(d);
+        return nullptr;
+    }
+    memset(d->w, 0, sizeof(float) * static_cast<size_t>(M) * d->Np);
+    for (int m = 0; m < M; ++m) {
+        memcpy(d->w + static_cast<size_t>(m) * d->Np, w + static_cast<size_t>(m) * N, sizeof(float) * N);
+        d->b[m] = b ? b[m] : 0.0f;
+    }
+    return d;
+}
+
+// x: rows x N float32; out: rows x M float32. Returns 0.
+int edgehft_dense_run(void* h, const float* __restrict x, float* __restrict out) {
+    const Dense& d = *static_cast<Dense*>(h);
+    for (int r = 0; r < d.rows; ++r) {
+        const float* xr = x + static_cast<size_t>(r) * d.N;
+        for (int m = 0; m < d.M; ++m) {
+            const float* wr = d.w + static_cast<size_t>(m) * d.Np;
+            float lanes[16] = {0};
+#ifdef __AVX512F__
+            __m512 acc = _mm512_setzero_ps();
+            for (int n = 0; n < d.N; n += 16) {
+                const __mmask16 k = d.N - n >= 16 ? 0xffff : static_cast<__mmask16>((1u << (d.N - n)) - 1);
+                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, xr + n), _mm512_load_ps(wr + n), acc);
+            }
+            _mm512_storeu_ps(lanes, acc);
+#else
+            for (int n = 0; n < d.N; ++n) lanes[n % 16] = std::fma(xr[n], wr[n], lanes[n % 16]);
+#endif
+            for (int w = 8; w >= 1; w /= 2)
+                for (int i = 0; i < w; ++i) lanes[i] += lanes[i + w];
+            out[static_cast<size_t>(r) * d.M + m] = activate(lanes[0] + d.b[m], d.act);
+        }
+    }
+    return 0;
+}
+
+void edgehft_dense_destroy(void* h) {
+    Dense* d = static_cast<Dense*>(h);
+    if (d) { free(d->w); free(d->b); }
+    free(d);
+}
+
+void* edgehft_softmax_create(int rows, int N, float beta) {
+    if (rows < 1 || N < 1) return nullptr;
+    Softmax* s = static_cast<Softmax*>(malloc(sizeof(Softmax)));
+    if (s) *s = Softmax{rows, N, beta};
+    return s;
+}
+
+// x, out: rows x N float32. Returns 0.
+int edgehft_softmax_run(void* h, const float* __restrict x, float* __restrict out) {
+    const Softmax& s = *static_cast<Softmax*>(h);
+    for (int r = 0; r < s.rows; ++r) {
+        const float* xr = x + static_cast<size_t>(r) * s.N;
+        float* o = out + static_cast<size_t>(r) * s.N;
+        float mx = xr[0];
+        for (int i = 1; i < s.N; ++i) mx = std::max(mx, xr[i]);
+        float sum = 0.0f;
+        for (int i = 0; i < s.N; ++i) sum += (o[i] = std::exp((xr[i] - mx) * s.beta));
+        const float inv = 1.0f / sum;
+        for (int i = 0; i < s.N; ++i) o[i] *= inv;
+    }
+    return 0;
+}
+
+void edgehft_softmax_destroy(void* h) { free(h); }
 
 }  // extern "C"

@@ -1,10 +1,13 @@
-"""edgehft's native MAX_POOL_2D and CONCATENATION (``edgehft/kernels/cpu_ops.cpp``) through ctypes, for the
-native chain: between native convs they save a LiteRT segment (whose invoke, cold after the convs, costs
-~10 µs on this project's test host, more than the op).
+"""edgehft's native MAX_POOL_2D, CONCATENATION, FULLY_CONNECTED and SOFTMAX (``edgehft/kernels/cpu_ops.cpp``)
+through ctypes, for the native chain: after native convs and LSTMs they save a LiteRT segment (whose invoke,
+cold after the kernels, costs ~10 µs on this project's test host, more than the ops, and has the chain's
+longest tail: ~1.4 % of its invokes take over 100 µs there).
 
-Both are exact in fp32 and follow the TFLite reference kernels: MAX_POOL_2D takes the max over the filter
-window clipped to the input (SAME padding never wins), then the fused activation; CONCATENATION copies the
-inputs' slices along the axis in order.
+They follow the TFLite reference kernels: MAX_POOL_2D takes the max over the filter window clipped to the
+input (SAME padding never wins), then the fused activation; CONCATENATION copies the inputs' slices along
+the axis in order (both exact); FULLY_CONNECTED sums in fp32 over 16 lanes then a fixed tree (the AVX-512
+and portable builds give the same bits; another order than XNNPACK's, so ~1 ulp from LiteRT);
+SOFTMAX is exp(beta * (x - max)) / sum in fp32.
 
     pool = NativeMaxPool2D((100, 1), 64, filter_hw=(3, 1), stride=(1, 1), padding="SAME")
     y = pool.run(x)                           # (1, 100, 1, 64) float32 (a reused buffer)
@@ -42,6 +45,16 @@ def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
     lib.edgehft_concat_run.restype = i32
     lib.edgehft_concat_run.argtypes = [vp, vp, vp]
     lib.edgehft_concat_destroy.argtypes = [vp]
+    lib.edgehft_dense_create.restype = vp
+    lib.edgehft_dense_create.argtypes = [i32, i32, i32, vp, vp, i32]
+    lib.edgehft_dense_run.restype = i32
+    lib.edgehft_dense_run.argtypes = [vp, vp, vp]
+    lib.edgehft_dense_destroy.argtypes = [vp]
+    lib.edgehft_softmax_create.restype = vp
+    lib.edgehft_softmax_create.argtypes = [i32, i32, ctypes.c_float]
+    lib.edgehft_softmax_run.restype = i32
+    lib.edgehft_softmax_run.argtypes = [vp, vp, vp]
+    lib.edgehft_softmax_destroy.argtypes = [vp]
     lib._edgehft_typed = True
     return lib
 
@@ -145,4 +158,62 @@ class NativeConcat(_Native):
             raise ShapeError(f"{len(xs)} inputs, the concat takes {len(self.input_shapes)}")
         xs = [_check(x, s) for x, s in zip(xs, self.input_shapes)]
         self._run(self._h, self.pointers(xs), self._outp)
+        return self.out
+
+
+class NativeDense(_Native):
+    """TFLite FULLY_CONNECTED in fp32: ``weights`` (M, N) (TFLite's layout), ``bias`` (M,) or None, fused
+    ``activation`` (a key of :data:`POOL_ACTIVATIONS`). The input is any float32 array of ``rows * N``
+    values; :attr:`out` has ``out_shape`` (default ``(rows, M)``). ``ShapeError`` on inconsistent sizes."""
+
+    _destroy = "edgehft_dense_destroy"
+
+    def __init__(self, weights, bias, rows: int, out_shape=None, activation: str = "none"):
+        w = np.ascontiguousarray(weights, np.float32)
+        if w.ndim != 2:
+            raise ShapeError(f"weights must be (M, N), got {w.shape}")
+        M, N = w.shape
+        b = None if bias is None else np.ascontiguousarray(bias, np.float32)
+        if b is not None and b.shape != (M,):
+            raise ShapeError(f"bias must be ({M},), got {b.shape}")
+        if activation not in POOL_ACTIVATIONS:
+            raise ShapeError(f"activation {activation!r}: one of {sorted(POOL_ACTIVATIONS)}")
+        out_shape = tuple(out_shape) if out_shape is not None else (int(rows), M)
+        if int(rows) < 1 or int(np.prod(out_shape)) != int(rows) * M:
+            raise ShapeError(f"output shape {out_shape} does not hold {rows} rows of {M}")
+        self.input_shape = (int(rows), N)
+        self.out = np.zeros(out_shape, np.float32)
+        self._lib = lib = load_library()
+        h = lib.edgehft_dense_create(int(rows), N, M, w.ctypes.data, None if b is None else b.ctypes.data,
+                                     POOL_ACTIVATIONS[activation])
+        if not h:
+            raise MemoryError("edgehft_dense_create failed")
+        self._h, self._outp, self._run = ctypes.c_void_p(h), ctypes.c_void_p(self.out.ctypes.data), lib.edgehft_dense_run
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        x = _check(x, self.input_shape)
+        self._run(self._h, x.ctypes.data, self._outp)
+        return self.out
+
+
+class NativeSoftmax(_Native):
+    """TFLite SOFTMAX in fp32 over the last axis of a float32 tensor of ``shape`` with ``beta``."""
+
+    _destroy = "edgehft_softmax_destroy"
+
+    def __init__(self, shape, beta: float = 1.0):
+        shape = tuple(int(d) for d in shape)
+        if not shape or min(shape) < 1:
+            raise ShapeError(f"softmax input shape {shape}: every dim must be >= 1")
+        self.input_shape = shape
+        self.out = np.zeros(shape, np.float32)
+        self._lib = lib = load_library()
+        h = lib.edgehft_softmax_create(int(np.prod(shape[:-1], dtype=np.int64)), shape[-1], float(beta))
+        if not h:
+            raise MemoryError("edgehft_softmax_create failed")
+        self._h, self._outp, self._run = ctypes.c_void_p(h), ctypes.c_void_p(self.out.ctypes.data), lib.edgehft_softmax_run
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        x = _check(x, self.input_shape)
+        self._run(self._h, x.ctypes.data, self._outp)
         return self.out

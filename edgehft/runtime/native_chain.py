@@ -1,10 +1,10 @@
 """The cpu runtime's native plans (:mod:`edgehft.compiler.native`): a chain of LiteRT segments and native
-kernel calls (LSTM, CONV_2D, MAX_POOL_2D, CONCATENATION; RESHAPE as a view), tensors handed over by name,
-as ``native.json`` says.
+kernel calls (LSTM, CONV_2D, MAX_POOL_2D, CONCATENATION, FULLY_CONNECTED, SOFTMAX; RESHAPE and
+STRIDED_SLICE as views), tensors handed over by name, as ``native.json`` says.
 
 A chain step is ``(kind, handle)``: ``views`` (a LiteRT segment read and written through its own buffers),
-``litert`` (a segment through set/get_tensor), ``reshape`` (``(None, srcs, dst, shape)``) or a kernel
-(``(kernel, srcs, dst, out)``). :func:`run_step` runs one on a name -> array dict (the general path and
+``litert`` (a segment through set/get_tensor), a view (``reshape``, ``slice``: ``(None, srcs, dst,
+(index, shape))``) or a kernel (``(kernel, srcs, dst, out)``). :func:`run_step` runs one on a name -> array dict (the general path and
 ``bench --profile``); :func:`bind` resolves every hand-over once, with kernel outputs in shared buffers
 (:mod:`edgehft.runtime.arena`), for the hot path.
 """
@@ -17,8 +17,17 @@ from pathlib import Path
 
 import numpy as np
 
-KERNELS = ("lstm", "conv2d", "maxpool", "concat")
-_OP_NAMES = {"lstm": "LSTM", "conv2d": "CONV_2D", "maxpool": "MAX_POOL_2D", "concat": "CONCATENATION"}
+KERNELS = ("lstm", "conv2d", "maxpool", "concat", "fc", "softmax")
+VIEWS = ("reshape", "slice")
+_OP_NAMES = {"lstm": "LSTM", "conv2d": "CONV_2D"}
+
+
+def _view_of(x: np.ndarray, index, shape) -> np.ndarray:
+    """A reshape (``index`` None) or a strided slice of ``x`` (per-dim ``{"start", "stop", "step"}`` or
+    ``{"index"}``), reshaped to ``shape``; a view whenever numpy can make one."""
+    if index is not None:
+        x = x[tuple(slice(d["start"], d["stop"], d["step"]) if "index" not in d else d["index"] for d in index)]
+    return x.reshape(shape)
 
 
 class Chain:
@@ -43,8 +52,8 @@ class Chain:
                 continue
             self.op_kernels.update({i: "native" for i in (st.get("ops") or [st["op"]])})
             srcs, dst = tuple(st["inputs"]), st["outputs"][0]
-            if kind == "reshape":
-                self.steps.append(("reshape", (None, srcs, dst, tuple(st["shape"]))))
+            if kind in VIEWS:
+                self.steps.append((kind, (None, srcs, dst, (st.get("index"), tuple(st["shape"])))))
                 continue
             k, out = _open_kernel(Path(bundle_path), st)
             if kind in ("lstm", "conv2d"):
@@ -98,6 +107,16 @@ def _open_kernel(root: Path, st: dict):
         from edgehft.kernels.native_ops import NativeConcat
         k = NativeConcat(st["input_shapes"], st["axis"])
         return k, k.out
+    if kind == "fc":
+        from edgehft.kernels.native_ops import NativeDense
+        with np.load(root / st["weights"]) as w:
+            k = NativeDense(w["weights"], w["bias"] if "bias" in w.files else None, st["rows"], st["shape"],
+                            st["activation"])
+        return k, k.out
+    if kind == "softmax":
+        from edgehft.kernels.native_ops import NativeSoftmax
+        k = NativeSoftmax(st["shape"], st["beta"])
+        return k, k.out
     if kind == "lstm":
         from edgehft.kernels.native_lstm import NativeLSTM
         with np.load(root / st["weights"]) as w:
@@ -128,9 +147,9 @@ def run_step(kind: str, st, h, env: dict) -> None:
         it.invoke()
         for idx, name in outs:
             env[name] = it.get_tensor(idx)
-    elif kind == "reshape":
-        _, srcs, dst, shape = h
-        env[dst] = env[srcs[0]].reshape(shape)
+    elif kind in VIEWS:
+        _, srcs, dst, (index, shape) = h
+        env[dst] = _view_of(env[srcs[0]], index, shape)
     else:
         k, srcs, dst, out = h
         xs = [np.ascontiguousarray(env[s], np.float32) for s in srcs]
@@ -154,9 +173,9 @@ def bind(chain: Chain, staging_in, staging_out):
     call per kernel, a copy-in and invoke per segment, no name lookups. Returns ``(invoke, buffers)``
     (keep the buffers alive with the invoke), or None when a hand-over could move (use :func:`invoke`)."""
     from edgehft.runtime import arena
-    if any(kind not in ("views", "reshape", *KERNELS) for kind, _ in chain.steps):
+    if any(kind not in ("views", *VIEWS, *KERNELS) for kind, _ in chain.steps):
         return None
-    root: dict[str, str] = {}                   # a reshape's output is a view of its source's buffer
+    root: dict[str, str] = {}                   # a view's output lives in its source's buffer
 
     def r(n):
         return root.get(n, n)
@@ -164,7 +183,7 @@ def bind(chain: Chain, staging_in, staging_out):
     for kind, h in chain.steps:
         if kind == "views":
             plan.append(([r(n) for _, n in h[1]], None, 0))
-        elif kind == "reshape":
+        elif kind in VIEWS:
             root[h[2]] = r(h[1][0])
             plan.append(([r(h[1][0])], None, 0))
         else:
@@ -187,9 +206,9 @@ def bind(chain: Chain, staging_in, staging_out):
                 inv()
             calls.append(seg)
             env.update({name: view for view, name in outs})
-        elif kind == "reshape":
-            _, srcs, dst, shape = h
-            env[dst] = env[srcs[0]].reshape(shape)
+        elif kind in VIEWS:
+            _, srcs, dst, (index, shape) = h
+            env[dst] = _view_of(env[srcs[0]], index, shape)
             if not np.may_share_memory(env[dst], env[srcs[0]]):
                 return None
         else:
