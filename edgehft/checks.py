@@ -18,7 +18,8 @@ def check_golden(runner) -> dict:
 
     Returns:
         ``{"count", "matched", "ok", "compare", "max_diff", "path", "expected_path"}`` — ``max_diff`` in
-        the outputs' raw units (LSB for int8), ``path`` the interpreter path that ran here.
+        the outputs' raw units (LSB for int8; inf where an output or a golden value is NaN), ``path`` the
+        interpreter path that ran here.
     Raises:
         BundleError: the bundle has no golden vectors.
     """
@@ -32,7 +33,8 @@ def check_golden(runner) -> dict:
         res = res if isinstance(res, tuple) else (res,)
         diffs = [float(np.abs(r.astype(np.float64) - outs[k][n:n + 1].astype(np.float64)).max())
                  for r, k in zip(res, out_names)]
-        d = max(diffs)
+        # a NaN on either side: no match, and it shows as inf
+        d = float("inf") if any(x != x for x in diffs) else max(diffs)
         worst = max(worst, d)
         matched += int(d == 0.0 if g.compare == "exact" else d <= g.atol)
     path = runner.describe().get("interpreter", runner.board)

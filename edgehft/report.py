@@ -200,7 +200,9 @@ def print_report(report: Report, console: Console | None = None) -> None:
         console.print(drift_table(report.drift))
     g = report.golden
     if "reference_kernels_path" in g:
-        console.print(f"golden outputs ({g['reference_path']}) vs LiteRT reference kernels: max diff "
+        other = ("LiteRT reference kernels + native kernels' portable paths" if "(portable)" in
+                 str(g["reference_kernels_path"]) else "LiteRT reference kernels")
+        console.print(f"golden outputs ({g['reference_path']}) vs {other}: max diff "
                       f"{g['max_diff_vs_reference_kernels']:g} (raw output units) on "
                       f"{g['windows_differing_from_reference_kernels']} of {g['count']} windows")
     if report.plan:

@@ -135,3 +135,49 @@ def test_drift_is_measured_against_keras_float(bf16_bundle):
     rep = Report.model_validate_json((bf16_bundle / "report.json").read_text())
     assert rep.drift is not None and rep.drift.passed
     assert "native-bf16" in rep.drift.candidate
+
+
+def test_a_damaged_chain_is_a_bundle_error(bf16_bundle, tmp_path):
+    """An unknown step kind, a missing field, or a step whose kernel was built for another size than the
+    tensor it is handed: BundleError (exit 6) with a hint, never a read past a buffer or a traceback."""
+    import shutil
+
+    from edgehft.boards import load_board
+    from edgehft.errors import BundleError
+    from edgehft.runtime import cpu
+    from edgehft.runtime.native_chain import Chain
+    graph = json.loads((bf16_bundle / "native.json").read_text())
+
+    def damaged(edit):
+        d = tmp_path / f"b{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(bf16_bundle, d)
+        g = json.loads(json.dumps(graph))
+        edit(g["steps"])
+        (d / "native.json").write_text(json.dumps(g))
+        return d
+    d = damaged(lambda steps: steps[3].update(kind="avgpool"))
+    with pytest.raises(BundleError, match="unknown step kind 'avgpool'") as e:
+        Chain(d, "native.json", 1, "auto")
+    assert e.value.exit_code == 6 and "recompile" in e.value.hint
+    with pytest.raises(BundleError, match="KeyError: 'in_hw'"):
+        Chain(damaged(lambda steps: steps[1].pop("in_hw")), "native.json", 1, "auto")
+    d = damaged(lambda steps: steps[6].update(input_shapes=[[1, 20, 1, 16], [1, 20, 1, 16]]))   # concat
+    with pytest.raises(BundleError, match=r"gets \[320, 160\] values, its kernel takes \[320, 320\]"):
+        cpu.Runner(load_bundle(d, verify=False), load_board("cpu"))
+
+
+def test_a_nan_in_the_golden_outputs_is_a_mismatch_shown_as_inf(bf16_bundle, tmp_path):
+    import shutil
+    d = tmp_path / "nan"
+    shutil.copytree(bf16_bundle, d)
+    with np.load(d / "golden.npz") as z:
+        arrays = {k: z[k].copy() for k in z.files}
+    out = next(k for k in arrays if not k.startswith("in"))
+    arrays[out][3, 0] = np.nan
+    np.savez(d / "golden.npz", **arrays)
+    from edgehft.boards import load_board
+    from edgehft.runtime import cpu
+    r = cpu.Runner(load_bundle(d, verify=False), load_board("cpu"))
+    g = check_golden(r)
+    r.close()
+    assert not g["ok"] and g["matched"] == 15 and g["max_diff"] == float("inf")

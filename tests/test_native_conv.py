@@ -117,6 +117,18 @@ def test_outputs_are_reproducible_and_buffers_reused():
     assert conv.run(x2) is conv.out and not np.array_equal(conv.out, y1)
     big.run(np.ones((40, 40, 6), np.float32))
     assert np.array_equal(conv.run(x1), y1)                 # no state left from the previous calls
+    big.run(np.full((40, 40, 6), np.nan, np.float32))       # NaN everywhere the small conv over-reads
+    assert np.array_equal(conv.run(x1), y1)
+
+
+def test_large_finite_values_saturate_instead_of_becoming_inf():
+    """bf16's largest finite value is 3.39e38: a larger fp32 input saturates there (the conv stays
+    finite, as an fp32 conv would); a NaN input still gives NaN (which may also reach the next pixels'
+    outputs through the zero-weight k padding: NaN * 0)."""
+    conv = NativeConv2D(np.full((1, 1, 1, 1), 0.5, np.float32), None, (1, 3), 1)
+    y = conv.run(np.array([[[[3.4e38], [-3.4e38], [1.0]]]], np.float32))[0, 0, :, 0]
+    assert np.isfinite(y).all() and y[0] == pytest.approx(0.5 * 3.3895314e38, rel=1e-6) and y[2] == 0.5
+    assert np.isnan(conv.run(np.array([[[[1.0], [np.nan], [1.0]]]], np.float32))[0, 0, 1, 0])
 
 
 def test_bad_shapes_and_dtypes_are_refused():

@@ -120,7 +120,7 @@ def move_ops(model_bytes: bytes, native_outputs: dict[int, str], fused: set[int]
                       "padding": "SAME" if o.padding == 0 else "VALID", "activation": _ACTS[o.fusedActivationFunction]}
             kind = "maxpool"
         elif code == B.CONCATENATION:
-            if o.fusedActivationFunction != 0:
+            if o.fusedActivationFunction != 0 or len(data) != len(ins):      # a constant operand: LiteRT
                 continue
             params = {"input_shapes": [[int(d) for d in g.tensors[t].shape] for t in data], "axis": int(o.axis)}
             kind = "concat"

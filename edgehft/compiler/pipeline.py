@@ -205,11 +205,7 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
             r = best.evaluated
             quant, model_file = best.plan, r["model_file"]
         elif quant.startswith("native"):          # one native plan, asked for by name (e.g. for another host)
-            cands = _native_candidates(work, ev, say, only=quant)
-            if not cands:
-                raise LoweringError(f"the {quant} plan does not apply to {model.name} (said above why)",
-                                    hint="compile with --quant auto to choose among the plans that apply")
-            r = cands[0].evaluated
+            r = _native_candidates(work, ev, say, only=quant)[0].evaluated
             model_file = r["model_file"]
         else:
             say("golden vectors and drift on the cpu runtime")
@@ -271,7 +267,7 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                             counts=counts, segments=segments_of(ops), boundary_copies=0, drift=drift,
                             golden=golden,
                             notes=[f"the {board.name} board runs every op on the host CPU; 'kernel' says "
-                                   "whether XNNPACK or LiteRT's builtin kernel runs it"])
+                                   "whether XNNPACK, LiteRT's builtin kernel or an edgehft native kernel runs it"])
         if r.get("native_files"):
             files.update(r["native_files"])
             report.notes.append(f"{quant} plan: {NATIVE_PLANS[quant]}. `bench --profile` times each step of that "
@@ -297,8 +293,9 @@ NATIVE_PLANS = {
     "native-bf16": ("model.tflite is the float graph; native.json runs it with each CONV_2D the native conv "
                     "kernel takes (and a LEAKY_RELU right after it) on edgehft's bf16 conv kernel (AMX tiles; "
                     "bf16 operands, fp32 sums), each UNIDIRECTIONAL_SEQUENCE_LSTM's input projection on that "
-                    "kernel too and its recurrence on the native fp32 LSTM kernel, and the other ops on LiteRT "
-                    "segments"),
+                    "kernel too and its recurrence on the native fp32 LSTM kernel, pools, concatenations, reshapes, "
+                    "slices, Dense layers and softmaxes fed by those on edgehft's fp32 kernels or as views, and "
+                    "any other op on LiteRT segments"),
 }
 
 
@@ -314,6 +311,8 @@ def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> li
     from edgehft.errors import BoardUnavailableError, LoweringError
     dyn, flt = work / "worker" / "model_dynamic.tflite", work / "worker" / "model_float.tflite"
     if not (dyn.is_file() and flt.is_file()):
+        if only:
+            raise LoweringError(f"the converter gave no dynamic-range and float graphs for the {only} plan")
         return []
     out = []
     for plan, graph, kw in (("native", dyn, {"weights_from": flt}), ("native-bf16", flt, {"convs": True})):
@@ -330,17 +329,32 @@ def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> li
                         "kernel's portable loop (the same bf16 operands, fp32 sums), timing here means nothing")
             files = native_files(graph, **kw)
         except LoweringError as exc:
+            if only:
+                raise InputError(f"the {plan} plan does not apply to {ev['model'].name}: {exc}",
+                                 hint="compile with --quant auto to choose among the plans that apply") from None
             if "nothing for the native kernels" not in str(exc):
                 say(f"plan {plan}: not applicable ({exc})")
             continue
         except BoardUnavailableError as exc:
+            if only:
+                raise
             say(f"plan {plan}: skipped ({exc})")
             continue
         say(f"plan {plan}: golden vectors and drift on the cpu runtime (native kernels)")
         try:
             r = _evaluate(graph, plan, work / f"plan_{plan}", extra_files=files, **ev)
         except BoardUnavailableError as exc:
+            if only:
+                raise
             say(f"plan {plan}: skipped ({exc})")
+            continue
+        bad = sum(int((~np.isfinite(np.asarray(o, np.float64))).sum()) for o in r["gold"].outputs)
+        if bad:
+            msg = (f"the {plan} plan gives {bad} non-finite golden output value(s) on held-out windows where the "
+                   "Keras model does not")
+            if only:
+                raise LoweringError(msg, hint="compile with --quant auto or --quant float")
+            say(f"plan {plan}: skipped ({msg})")
             continue
         r["native_files"] = files
         out.append(Candidate(plan, r["draft"], r["gold"], r["drift"], r))

@@ -14,7 +14,8 @@
 // spaced (Wo == 1, Ho == 1, or sh*Wp == Wo*sw: "flat", e.g. kx1 SAME convs or 1xk VALID convs that tile
 // the width) the tiles run over all Ho*Wo pixels at once; otherwise row by row (the last tile of a row
 // computes a few pixels that are thrown away). kw*C is padded to a multiple of 32 with zero weights (the
-// extra values read are the next pixel's, multiplied by 0).
+// extra values read are the next pixel's, multiplied by 0; so a NaN input can also reach that pixel's
+// neighbours, where TFLite would confine it to the outputs whose window holds it).
 //
 // Schedule (AMX): output pixels in blocks of 32 (two A tiles), output channels in pairs of 16-column tiles,
 // four fp32 accumulator tiles over (kernel row, 32-deep k block); each block's tiles go to a small
@@ -62,7 +63,12 @@ void* aalloc(size_t bytes) {
     return p;
 }
 
+// The largest finite bfloat16 (0x7F7F). Inputs beyond it saturate there instead of rounding to inf (an
+// fp32 conv of a large but finite value stays finite; a NaN stays NaN).
+constexpr float kBf16Max = 3.38953139e38f;
+
 inline uint16_t to_bf16(float f) {
+    f = std::max(std::min(f, kBf16Max), -kBf16Max);
     uint32_t u;
     memcpy(&u, &f, 4);
     u += 0x7fffu + ((u >> 16) & 1u);
@@ -75,18 +81,22 @@ inline float from_bf16(uint16_t h) {
     return f;
 }
 
-// fp32 -> bf16, round to nearest even (finite inputs).
+// fp32 -> bf16, round to nearest even, saturating at +-kBf16Max.
 void to_bf16_n(const float* __restrict x, uint16_t* __restrict y, size_t n) {
     size_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 hi = _mm512_set1_ps(kBf16Max), lo = _mm512_set1_ps(-kBf16Max);
+    auto clamp = [&](__m512 v) { return _mm512_max_ps(lo, _mm512_min_ps(hi, v)); };   // NaN passes through
+#endif
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     for (; i + 32 <= n; i += 32) {
-        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+        __m512bh v = _mm512_cvtne2ps_pbh(clamp(_mm512_loadu_ps(x + i + 16)), clamp(_mm512_loadu_ps(x + i)));
         _mm512_storeu_si512(y + i, (__m512i)v);
     }
 #elif defined(__AVX512F__)
     const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
     for (; i + 16 <= n; i += 16) {
-        __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + i));
+        __m512i u = _mm512_castps_si512(clamp(_mm512_loadu_ps(x + i)));
         u = _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
     }
@@ -141,7 +151,7 @@ void epilogue(const Conv* k, const float* acc, float* out, int p0, int p1) {
 
 // One bf16 input buffer per thread, shared by every conv the thread runs (so a chain of convs keeps one
 // such buffer in cache, not one per conv); grown, zero-filled, when a conv needs more. A run re-zeroes its
-// own padding (another conv may have written there); the slack after it only has to hold finite values.
+// own padding and the slack after it (another conv, or an earlier call, may have written there).
 struct Scratch {
     uint16_t* p = nullptr;
     size_t n = 0;
@@ -350,6 +360,10 @@ int edgehft_conv_run(void* h, const float* x, float* out) {
             memset(d + row, 0, (prow - row - k->pw * C) * 2);                  // columns right
         }
     memset(base + (k->ph + k->H) * prow, 0, (k->Hp - k->ph - k->H) * prow * 2);  // rows below
+    // and everything after them that tails and k-block padding read (times zero weights, or into outputs
+    // that are thrown away): zeros, so no value from another conv or an earlier call can reach an output
+    // (0 * inf would).
+    memset(base + k->Hp * prow, 0, (k->xrows - k->Hp * prow) * 2);
 #ifdef EDGEHFT_AMX
     if (k->amx) run_amx(k, out);
     else run_portable(k, out);

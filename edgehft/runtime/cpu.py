@@ -79,11 +79,14 @@ def make_interpreter(model_path: str, threads: int = 1, op_resolver: str = "auto
 
 
 class Runner(_Runner):
-    """LiteRT on the host. ``op_resolver`` as in :func:`make_interpreter`."""
+    """LiteRT on the host. ``op_resolver`` as in :func:`make_interpreter`; ``native_portable``: a native
+    plan's kernels on their portable paths (no AMX, no AVX-512), what a box without those units runs."""
 
-    def __init__(self, bundle, board, *, threads: int = 1, affinity=None, op_resolver: str = "auto"):
+    def __init__(self, bundle, board, *, threads: int = 1, affinity=None, op_resolver: str = "auto",
+                 native_portable: bool = False):
         super().__init__(bundle, board, threads=threads, affinity=affinity)
         self.op_resolver = op_resolver
+        self.native_portable = native_portable
         self.path = interpreter_path(op_resolver)
         if bundle.manifest.artifacts.get("native"):
             self._open_native(bundle.manifest.artifacts["native"])
@@ -123,7 +126,8 @@ class Runner(_Runner):
         self.interp = None
         self.stateful_tensors = []
         self._zero_copy = False
-        self._chain = native_chain.Chain(self.bundle.path, rel, self.threads, self.op_resolver)
+        self._chain = native_chain.Chain(self.bundle.path, rel, self.threads, self.op_resolver,
+                                         portable=self.native_portable)
         self.op_kernels = self._chain.op_kernels
         self.path += self._chain.describe_path()
         ins, outs = self._io_specs()

@@ -33,29 +33,48 @@ def _view_of(x: np.ndarray, index, shape) -> np.ndarray:
 class Chain:
     """The opened chain: ``steps`` [(kind, handle)], ``meta`` per step (placement, model or kernel, graph
     ops: what the profile shows), ``op_kernels`` (graph op -> "XNNPACK" | "native"), ``isa`` (native op ->
-    the code path its kernel runs), ``inputs``/``outputs`` (tensor names)."""
+    the code path its kernel runs), ``inputs``/``outputs`` (tensor names). ``portable``: the kernels'
+    portable paths (no AMX, no AVX-512), to measure how far another box's kernels may land.
 
-    def __init__(self, bundle_path: Path, rel: str, threads: int, op_resolver: str):
-        from edgehft.runtime import cpu
-        graph = json.loads((Path(bundle_path) / rel).read_text())
-        self.inputs, self.outputs = graph["inputs"], graph["outputs"]
+    Raises :class:`~edgehft.errors.BundleError` (exit 6) for a ``native.json`` this edgehft cannot run (a
+    missing field or file, an unknown step kind, inconsistent shapes); the steps opened so far are closed.
+    One chain serves one thread at a time (as a LiteRT interpreter does)."""
+
+    def __init__(self, bundle_path: Path, rel: str, threads: int, op_resolver: str, portable: bool = False):
+        from edgehft.errors import BundleError
         self.steps, self.meta = [], []
         self.op_kernels: dict[int, str] = {}
         self.isa: dict[str, str] = {}
+        try:
+            self._open(Path(bundle_path), rel, threads, op_resolver, portable)
+        except (KeyError, IndexError, TypeError, ValueError, OSError) as exc:
+            self.close()
+            raise BundleError(f"{rel} cannot be opened as a native chain ({type(exc).__name__}: {exc})",
+                              hint="the bundle is damaged or was made by a newer edgehft: recompile it, or upgrade "
+                                   "edgehft here") from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, root: Path, rel: str, threads: int, op_resolver: str, portable: bool) -> None:
+        from edgehft.runtime import cpu
+        graph = json.loads((root / rel).read_text())
+        self.inputs, self.outputs = graph["inputs"], graph["outputs"]
         for st in graph["steps"]:
             kind = st["kind"]
             self.meta.append({"placement": "cpu" if kind == "litert" else "native", "model": st.get("model"),
-                              "kernel": None if kind == "litert" else f"{st.get('what') or kind} (edgehft native)",
+                              "kernel": None if kind == "litert" else f"{kind} (a view, no copy)" if kind in VIEWS
+                              else f"{st.get('what') or kind} (edgehft native)",
                               "ops": st.get("ops") or [st.get("op")]})
             if kind == "litert":
-                self.steps.append(_open_segment(cpu, Path(bundle_path), st, threads, op_resolver, self.op_kernels))
+                self.steps.append(_open_segment(cpu, root, st, threads, op_resolver, self.op_kernels))
                 continue
             self.op_kernels.update({i: "native" for i in (st.get("ops") or [st["op"]])})
             srcs, dst = tuple(st["inputs"]), st["outputs"][0]
             if kind in VIEWS:
                 self.steps.append((kind, (None, srcs, dst, (st.get("index"), tuple(st["shape"])))))
                 continue
-            k, out = _open_kernel(Path(bundle_path), st)
+            k, out = _open_kernel(root, st, portable)
             if kind in ("lstm", "conv2d"):
                 self.isa[_OP_NAMES[kind]] = k.isa
             self.steps.append((kind, (k, srcs, dst, out)))
@@ -91,13 +110,14 @@ def _open_segment(cpu, root: Path, st: dict, threads: int, op_resolver: str, op_
                       list(zip(views[len(ins):], (n for _, n in outs))), it))
 
 
-def _open_kernel(root: Path, st: dict):
+def _open_kernel(root: Path, st: dict, portable: bool = False):
     kind = st["kind"]
     if kind == "conv2d":
         from edgehft.kernels.native_conv import NativeConv2D
         with np.load(root / st["weights"]) as w:
             k = NativeConv2D(w["weights"], w["bias"] if "bias" in w.files else None, st["in_hw"], st["channels"],
-                             st["stride"], st["padding"], activation=st["activation"], alpha=st["alpha"])
+                             st["stride"], st["padding"], activation=st["activation"], alpha=st["alpha"],
+                             portable=portable)
         return k, k.out
     if kind == "maxpool":
         from edgehft.kernels.native_ops import NativeMaxPool2D
@@ -121,11 +141,22 @@ def _open_kernel(root: Path, st: dict):
         from edgehft.kernels.native_lstm import NativeLSTM
         with np.load(root / st["weights"]) as w:
             k = NativeLSTM([(w["kernel"], w["recurrent_kernel"], w["bias"])], st["timesteps"], True,
-                           cell_clip=float(w["cell_clip"]))
+                           cell_clip=float(w["cell_clip"]), portable=portable)
         if st.get("projected"):
             k.projected()
         return k, k.out.reshape(1, *k.out.shape)          # a view: (1, T, H)
     raise ValueError(f"native.json: unknown step kind {kind!r} (a newer edgehft made this bundle?)")
+
+
+def _check_inputs(kind: str, k, srcs, xs) -> None:
+    """The kernel was built for inputs of these sizes (from ``native.json``); a tensor handed over with
+    another size means an inconsistent bundle: refuse it rather than read past a buffer."""
+    want = [int(np.prod(s)) for s in k.input_shapes] if kind == "concat" else [int(np.prod(k.input_shape))]
+    got = [int(x.size) for x in xs]
+    if got != want:
+        from edgehft.errors import BundleError
+        raise BundleError(f"native.json: the {kind} step reading {list(srcs)} gets {got} values, its kernel takes "
+                          f"{want}", hint="the bundle is inconsistent: recompile it")
 
 
 def run_step(kind: str, st, h, env: dict) -> None:
@@ -153,6 +184,7 @@ def run_step(kind: str, st, h, env: dict) -> None:
     else:
         k, srcs, dst, out = h
         xs = [np.ascontiguousarray(env[s], np.float32) for s in srcs]
+        _check_inputs(kind, k, srcs, xs)
         k.run_ptr(k.pointers(xs) if kind == "concat" else xs[0].ctypes.data)
         env[dst] = out
 
@@ -214,6 +246,7 @@ def bind(chain: Chain, staging_in, staging_out):
         else:
             k, srcs, dst, out = h
             xs = [env[s] for s in srcs]
+            _check_inputs(kind, k, srcs, xs)
             if any(x.dtype != np.float32 or not x.flags.c_contiguous for x in xs):
                 return None
             y = pool[slot][:out.nbytes].view(out.dtype).reshape(out.shape)
