@@ -70,3 +70,23 @@ h = keras.layers.Concatenate()([keras.layers.Conv2D(16, (1, 4), name="conv_c")(h
 h = keras.layers.Reshape((20, 24))(h)
 h = keras.layers.LSTM(16, name="lstm")(h)
 keras.Model(inp, keras.layers.Dense(3, activation="softmax", name="probs")(h)).save(out / "k3_cnn_lstm.keras")
+
+# A concatenation with a constant operand (a SavedModel of plain TF ops): the native concat must not take it
+import tensorflow as tf  # noqa: E402
+
+_w1 = tf.constant(rng.standard_normal((3, 3, 1, 4)).astype(np.float32) * 0.3)
+_w2 = tf.constant(rng.standard_normal((3, 3, 6, 4)).astype(np.float32) * 0.3)
+_cst = tf.constant(rng.standard_normal((1, 20, 8, 2)).astype(np.float32))
+_wd = tf.constant(rng.standard_normal((20 * 8 * 4, 3)).astype(np.float32) * 0.05)
+
+
+class ConstConcat(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec((1, 20, 8), tf.float32, name="x")])
+    def __call__(self, x):
+        y = tf.nn.leaky_relu(tf.nn.conv2d(tf.reshape(x, (1, 20, 8, 1)), _w1, 1, "SAME"), 0.1)
+        y = tf.nn.leaky_relu(tf.nn.conv2d(tf.concat([y, _cst], axis=-1), _w2, 1, "SAME"), 0.1)
+        return {"probs": tf.nn.softmax(tf.matmul(tf.reshape(y, (1, -1)), _wd))}
+
+
+_m = ConstConcat()
+tf.saved_model.save(_m, str(out / "constcat_savedmodel"), signatures={"serving_default": _m.__call__})

@@ -181,3 +181,19 @@ def test_a_nan_in_the_golden_outputs_is_a_mismatch_shown_as_inf(bf16_bundle, tmp
     g = check_golden(r)
     r.close()
     assert not g["ok"] and g["matched"] == 15 and g["max_diff"] == float("inf")
+
+
+def test_a_concat_with_a_constant_operand_stays_on_litert(models, tmp_path):
+    """constcat_savedmodel: conv, concat with a constant tensor, conv, Dense, softmax. The native concat
+    takes only tensors the chain hands over, so this one runs on LiteRT and the next conv gets all 6
+    channels (it once got 4 and read past its buffer)."""
+    out = tmp_path / "cc"
+    compile_model(models / "constcat_savedmodel", [models / "calib.npy"], out,
+                  CompileOptions(board="cpu", quant="native-bf16"))
+    steps = json.loads((out / "native.json").read_text())["steps"]
+    assert [s["kind"] for s in steps] == ["reshape", "conv2d", "litert", "conv2d", "reshape", "fc", "softmax"]
+    assert steps[3]["channels"] == 6
+    rep = Report.model_validate_json((out / "report.json").read_text())
+    assert rep.drift.passed and max(o.mae_rel for o in rep.drift.outputs) < 0.01
+    with runtime.open(out) as r:
+        assert check_golden(r)["ok"]
