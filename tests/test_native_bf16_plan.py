@@ -66,10 +66,10 @@ def test_bundle_runs_convs_and_lstm_projection_natively(bf16_bundle):
 def test_independent_chain_reproduces_the_golden_vectors(bf16_bundle):
     """LiteRT on each segment, float64 convs of bf16-rounded operands (the kernel's documented numerics)
     and a float64 Keras LSTM on the bf16 projection reproduce the bundle's golden outputs."""
-    from ai_edge_litert.interpreter import Interpreter
     from test_native_conv import bf16, reference_conv
     from test_native_lstm import reference_lstm
     from test_native_ops import reference_maxpool
+    from test_native_plan import run_segment
     b = load_bundle(bf16_bundle)
     graph = json.loads((bf16_bundle / "native.json").read_text())
     ins, outs = b.golden()
@@ -80,15 +80,7 @@ def test_independent_chain_reproduces_the_golden_vectors(bf16_bundle):
         for st in graph["steps"]:
             src = env[st["inputs"][0]]
             if st["kind"] == "litert":
-                it = its.get(st["model"])
-                if it is None:
-                    it = its[st["model"]] = Interpreter(model_path=str(bf16_bundle / st["model"]), num_threads=1)
-                    it.allocate_tensors()
-                for d in it.get_input_details():
-                    it.set_tensor(d["index"], env[d["name"]].astype(d["dtype"]).reshape(d["shape"]))
-                it.invoke()
-                for d in it.get_output_details():
-                    env[d["name"]] = it.get_tensor(d["index"])
+                run_segment(bf16_bundle, st, env, its)
                 continue
             if st["kind"] == "reshape":
                 env[st["outputs"][0]] = src.reshape(st["shape"])

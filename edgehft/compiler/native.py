@@ -215,13 +215,6 @@ def native_files(model_file: str | Path, weights_from: str | Path | None = None,
             raise LoweringError(f"{Path(weights_from).name}'s LSTM ops do not match {Path(model_file).name}'s")
         for a, b in zip(ops, other):
             a.kernel, a.recurrent, a.bias = b.kernel, b.recurrent, b.bias
-        if cops:
-            oc, _ = conv_ops(Path(weights_from).read_bytes())
-            if [c.weights.shape for c in oc] != [c.weights.shape for c in cops]:
-                raise LoweringError(f"{Path(weights_from).name}'s CONV_2D ops do not match "
-                                    f"{Path(model_file).name}'s")
-            for a, b in zip(cops, oc):
-                a.weights, a.bias = b.weights, b.bias
     s = _schema()
     g = s.ModelT.InitFromPackedBuf(data, 0).subgraphs[0]
     at: dict = {o.op: o for o in ops}

@@ -308,7 +308,8 @@ def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> li
     is for another host; its golden vectors come from the portable loop)."""
     from edgehft.compiler.native import native_files
     from edgehft.compiler.plans import Candidate
-    from edgehft.errors import BoardUnavailableError, LoweringError
+    from edgehft.errors import BoardUnavailableError
+    from edgehft.kernels.native_conv import amx_available
     dyn, flt = work / "worker" / "model_dynamic.tflite", work / "worker" / "model_float.tflite"
     if not (dyn.is_file() and flt.is_file()):
         if only:
@@ -319,14 +320,12 @@ def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> li
         if only and plan != only:
             continue
         try:
-            if plan == "native-bf16":
-                from edgehft.kernels.native_conv import amx_available
-                if not amx_available() and not only:
+            if plan == "native-bf16" and not amx_available():
+                if not only:
                     say("plan native-bf16: skipped (this CPU or OS does not run AMX-BF16 tiles)")
                     continue
-                if not amx_available():
-                    say("plan native-bf16: this host has no AMX-BF16: golden vectors and drift come from the conv "
-                        "kernel's portable loop (the same bf16 operands, fp32 sums), timing here means nothing")
+                say("plan native-bf16: this host has no AMX-BF16: golden vectors and drift come from the conv "
+                    "kernel's portable loop (the same bf16 operands, fp32 sums), timing here means nothing")
             files = native_files(graph, **kw)
         except LoweringError as exc:
             if only:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from edgehft.errors import DTypeError, ShapeError
-from edgehft.kernels.native_lstm import NATIVE_FLAGS, cached_library
+from edgehft.kernels.native_build import NATIVE_FLAGS, NativeKernel, cached_library
 
 SOURCE = Path(__file__).resolve().parent / "cpu_conv.cpp"
 ACTIVATIONS = {"none": 0, "relu": 1, "relu6": 2, "relu_n1_to_1": 3, "leaky_relu": 4}
@@ -79,7 +79,7 @@ def supported(in_hw, kernel_hw, stride, padding: str) -> str | None:
     return None
 
 
-class NativeConv2D:
+class NativeConv2D(NativeKernel):
     """One CONV_2D (+ activation) on the native kernel, weights rounded to bf16 at construction.
 
     Args:
@@ -94,6 +94,8 @@ class NativeConv2D:
     :class:`~edgehft.errors.ShapeError` for a geometry :func:`supported` refuses or inputs of the wrong
     shape, ``DTypeError`` for a non-float32 input, ``BoardUnavailableError`` when the kernel cannot be built.
     """
+
+    _destroy = "edgehft_conv_destroy"
 
     def __init__(self, weights, bias, in_hw, channels: int, stride=(1, 1), padding: str = "VALID", *,
                  activation: str = "none", alpha: float = 0.0, portable: bool = False):
@@ -138,18 +140,3 @@ class NativeConv2D:
         if self._run(self._h, x.ctypes.data, self._outp):
             raise MemoryError("edgehft_conv_run: no memory for this thread's bf16 input buffer")
         return self.out
-
-    def run_ptr(self, x_ptr: int, out_ptr: int | None = None) -> None:
-        """Hot path without checks: ``x_ptr`` addresses H*W*C float32."""
-        self._run(self._h, x_ptr, self._outp if out_ptr is None else out_ptr)
-
-    def close(self) -> None:
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            self._lib.edgehft_conv_destroy(h)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

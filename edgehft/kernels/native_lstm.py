@@ -16,11 +16,8 @@ registers over the whole k loop (wider layers: several column chunks), then the 
 The AVX-512F path is compiled when ``g++ -march=native`` targets it; otherwise (or with
 ``portable=True``) a plain C++ path with the same layout and approximations.
 
-The shared library is built on first use with ``$CXX`` / ``g++`` (flags :data:`NATIVE_FLAGS` after
-:data:`edgehft.kernels.csim.CXXFLAGS`, via :func:`edgehft.kernels.csim.build_library`) into
-:func:`edgehft.kernels.csim.default_cache_dir`, under a name keyed by the source's hash, the flags, the
-compiler and the host CPU's feature flags. No g++ or a failed build raises
-:class:`~edgehft.errors.BoardUnavailableError`.
+The shared library is built on first use and cached (:mod:`edgehft.kernels.native_build`); no g++ or a
+failed build raises :class:`~edgehft.errors.BoardUnavailableError`.
 
     k = NativeLSTM([(kernel, recurrent_kernel, bias)], timesteps=100, return_sequences=False)
     y = k.run(x)          # x (100, in) or (1, 100, in) float32 -> y (H,) float32 (a reused buffer)
@@ -28,65 +25,15 @@ compiler and the host CPU's feature flags. No g++ or a failed build raises
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from edgehft.errors import BoardUnavailableError, DTypeError, ShapeError
-from edgehft.kernels.csim import CXXFLAGS, build_library, default_cache_dir
+from edgehft.errors import DTypeError, ShapeError
+from edgehft.kernels.native_build import NATIVE_FLAGS, NativeKernel, cached_library
 
 SOURCE = Path(__file__).resolve().parent / "cpu_lstm.cpp"
-NATIVE_FLAGS = ("-O3", "-march=native", "-std=c++17")
 PORTABLE_FLAGS = ("-O3", "-march=native", "-mno-avx512f", "-std=c++17")
-_LIBS: dict[tuple, ctypes.CDLL] = {}
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
-
-
-def library_path(flags=NATIVE_FLAGS, cache_dir: Path | str | None = None, source: Path = SOURCE) -> Path:
-    """Where the library built from ``source`` with ``flags`` lives in the cache (built or not)."""
-    cxx = shutil.which(os.environ.get("CXX", "g++")) or "g++"
-    h = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join((*CXXFLAGS, *flags)).encode(), cxx.encode(), _cpu_flags().encode()):
-        h.update(part)
-        h.update(b"\0")
-    return Path(cache_dir or default_cache_dir()) / f"libedgehft_{source.stem}-{h.hexdigest()[:16]}.so"
-
-
-def cached_library(source: Path, flags, cache_dir: Path | str | None = None) -> ctypes.CDLL:
-    """Build ``source`` (one .cpp) into the cache if it is not there yet, and load it (once per process).
-    Raises :class:`~edgehft.errors.BoardUnavailableError` without the source, a compiler, or on a failed
-    build or load."""
-    path = library_path(flags, cache_dir, source)
-    key = (str(path),)
-    if key in _LIBS:
-        return _LIBS[key]
-    if not path.is_file():
-        if not source.is_file():
-            raise BoardUnavailableError(f"the native kernel's source is missing ({source})",
-                                        hint=f"reinstall edgehft; the wheel ships edgehft/kernels/{source.name}")
-        with tempfile.TemporaryDirectory(prefix="edgehft-native-src-") as d:
-            shutil.copyfile(source, Path(d) / source.name)       # build_library compiles a directory
-            build_library(path, Path(d), flags)
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as e:
-        raise BoardUnavailableError(f"cannot load {path}: {e}", hint=f"delete {path} to rebuild it") from e
-    _LIBS[key] = lib
-    return lib
 
 
 def load_library(portable: bool = False, cache_dir: Path | str | None = None) -> ctypes.CDLL:
@@ -119,7 +66,7 @@ def activations(x: np.ndarray, portable: bool = False) -> tuple[np.ndarray, np.n
     return th, sg
 
 
-class NativeLSTM:
+class NativeLSTM(NativeKernel):
     """Stacked Keras LSTM layers on the native kernel, weights copied at construction.
 
     Args:
@@ -139,6 +86,8 @@ class NativeLSTM:
     weights or inputs of the wrong shape, :class:`~edgehft.errors.BoardUnavailableError` when the kernel
     cannot be built or loaded.
     """
+
+    _destroy = "edgehft_lstm_destroy"
 
     def __init__(self, layers, timesteps: int, return_sequences: bool = False, *, cell_clip: float = 0.0,
                  portable: bool = False):
@@ -200,11 +149,6 @@ class NativeLSTM:
         self._run(self._h, x.ctypes.data, self._outp)
         return self.out
 
-    def run_ptr(self, x_ptr: int, out_ptr: int | None = None) -> None:
-        """Hot path without checks: ``x_ptr`` addresses T*in float32, ``out_ptr`` (default :attr:`out`)
-        room for the output."""
-        self._run(self._h, x_ptr, self._outp if out_ptr is None else out_ptr)
-
     def projected(self) -> "NativeLSTM":
         """From now on :meth:`run_ptr` takes the input projection ``x_t @ kernel + bias`` for every step,
         ``(T, 4H)`` float32, computed elsewhere, and runs only the recurrence. Single-layer nets only
@@ -215,13 +159,3 @@ class NativeLSTM:
         self.input_shape = (self.timesteps, 4 * self.hidden[0])
         return self
 
-    def close(self) -> None:
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            self._lib.edgehft_lstm_destroy(h)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -23,7 +23,7 @@ import numpy as np
 
 from edgehft.errors import DTypeError, ShapeError
 from edgehft.kernels.native_conv import geometry
-from edgehft.kernels.native_lstm import NATIVE_FLAGS, cached_library
+from edgehft.kernels.native_build import NATIVE_FLAGS, NativeKernel, cached_library
 
 SOURCE = Path(__file__).resolve().parent / "cpu_ops.cpp"
 POOL_ACTIVATIONS = {"none": 0, "relu": 1, "relu_n1_to_1": 2, "relu6": 3}
@@ -67,26 +67,7 @@ def _check(x, shape):
     return np.ascontiguousarray(x)
 
 
-class _Native:
-    _destroy = ""
-
-    def run_ptr(self, x_ptr: int, out_ptr: int | None = None) -> None:
-        """Hot path without checks (for :class:`NativeConcat`, ``x_ptr`` addresses an array of pointers)."""
-        self._run(self._h, x_ptr, self._outp if out_ptr is None else out_ptr)
-
-    def close(self) -> None:
-        h, self._h = getattr(self, "_h", None), None
-        if h:
-            getattr(self._lib, self._destroy)(h)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-class NativeMaxPool2D(_Native):
+class NativeMaxPool2D(NativeKernel):
     """TFLite MAX_POOL_2D on ``(1, H, W, C)`` float32: ``filter_hw``, ``stride`` (h, w), "SAME"/"VALID",
     fused ``activation`` (a key of :data:`POOL_ACTIVATIONS`). :meth:`run` returns :attr:`out`
     ``(1, Ho, Wo, C)``. Raises ``ShapeError`` on an empty output or bad sizes."""
@@ -118,7 +99,7 @@ class NativeMaxPool2D(_Native):
         return self.out
 
 
-class NativeConcat(_Native):
+class NativeConcat(NativeKernel):
     """TFLite CONCATENATION of float32 tensors of ``input_shapes`` along ``axis`` (negative counts from the
     end). :meth:`run` takes the inputs in order and returns :attr:`out`. ``ShapeError`` when the shapes
     differ off the axis."""
@@ -135,7 +116,7 @@ class NativeConcat(_Native):
             raise ShapeError(f"axis {axis} out of range for rank {rank}")
         if any(s[:ax] + s[ax + 1:] != shapes[0][:ax] + shapes[0][ax + 1:] for s in shapes):
             raise ShapeError(f"inputs differ off axis {ax}: {shapes}")
-        self.input_shapes = shapes
+        self._input_shapes = shapes
         outer = int(np.prod(shapes[0][:ax], dtype=np.int64))
         inner = [int(np.prod(s[ax:], dtype=np.int64)) for s in shapes]
         self.out = np.zeros(shapes[0][:ax] + (sum(s[ax] for s in shapes),) + shapes[0][ax + 1:], np.float32)
@@ -146,10 +127,14 @@ class NativeConcat(_Native):
         self._h, self._outp, self._run = ctypes.c_void_p(h), ctypes.c_void_p(self.out.ctypes.data), lib.edgehft_concat_run
         self._ptrs = (ctypes.c_void_p * len(shapes))()
 
-    def pointers(self, arrays) -> int:
-        """Address of a pointer array holding ``arrays``' data pointers (kept by this object), for
+    @property
+    def input_shapes(self) -> list:
+        return list(self._input_shapes)
+
+    def input_pointer(self, xs) -> int:
+        """Address of a pointer array holding the inputs' data pointers (kept by this object), for
         :meth:`run_ptr`. The arrays must stay alive and in place."""
-        for i, a in enumerate(arrays):
+        for i, a in enumerate(xs):
             self._ptrs[i] = a.ctypes.data
         return ctypes.addressof(self._ptrs)
 
@@ -157,11 +142,11 @@ class NativeConcat(_Native):
         if len(xs) != len(self.input_shapes):
             raise ShapeError(f"{len(xs)} inputs, the concat takes {len(self.input_shapes)}")
         xs = [_check(x, s) for x, s in zip(xs, self.input_shapes)]
-        self._run(self._h, self.pointers(xs), self._outp)
+        self._run(self._h, self.input_pointer(xs), self._outp)
         return self.out
 
 
-class NativeDense(_Native):
+class NativeDense(NativeKernel):
     """TFLite FULLY_CONNECTED in fp32: ``weights`` (M, N) (TFLite's layout), ``bias`` (M,) or None, fused
     ``activation`` (a key of :data:`POOL_ACTIVATIONS`). The input is any float32 array of ``rows * N``
     values; :attr:`out` has ``out_shape`` (default ``(rows, M)``). ``ShapeError`` on inconsistent sizes."""
@@ -196,7 +181,7 @@ class NativeDense(_Native):
         return self.out
 
 
-class NativeSoftmax(_Native):
+class NativeSoftmax(NativeKernel):
     """TFLite SOFTMAX in fp32 over the last axis of a float32 tensor of ``shape`` with ``beta``."""
 
     _destroy = "edgehft_softmax_destroy"

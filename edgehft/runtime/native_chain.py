@@ -151,7 +151,7 @@ def _open_kernel(root: Path, st: dict, portable: bool = False):
 def _check_inputs(kind: str, k, srcs, xs) -> None:
     """The kernel was built for inputs of these sizes (from ``native.json``); a tensor handed over with
     another size means an inconsistent bundle: refuse it rather than read past a buffer."""
-    want = [int(np.prod(s)) for s in k.input_shapes] if kind == "concat" else [int(np.prod(k.input_shape))]
+    want = [int(np.prod(s)) for s in k.input_shapes]
     got = [int(x.size) for x in xs]
     if got != want:
         from edgehft.errors import BundleError
@@ -185,7 +185,7 @@ def run_step(kind: str, st, h, env: dict) -> None:
         k, srcs, dst, out = h
         xs = [np.ascontiguousarray(env[s], np.float32) for s in srcs]
         _check_inputs(kind, k, srcs, xs)
-        k.run_ptr(k.pointers(xs) if kind == "concat" else xs[0].ctypes.data)
+        k.run_ptr(k.input_pointer(xs))
         env[dst] = out
 
 
@@ -250,8 +250,8 @@ def bind(chain: Chain, staging_in, staging_out):
             if any(x.dtype != np.float32 or not x.flags.c_contiguous for x in xs):
                 return None
             y = pool[slot][:out.nbytes].view(out.dtype).reshape(out.shape)
-            x_ptr = k.pointers(xs) if kind == "concat" else xs[0].ctypes.data
-            calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(x_ptr), ctypes.c_void_p(y.ctypes.data)))
+            calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(k.input_pointer(xs)),
+                                           ctypes.c_void_p(y.ctypes.data)))
             env[dst] = y
     finals = [(buf, env[name].reshape(buf.shape)) for name, buf in zip(chain.outputs, staging_out)]
     if not all(np.may_share_memory(src, env[name]) for (_, src), name in zip(finals, chain.outputs)):
