@@ -189,3 +189,16 @@ def test_a_concat_with_a_constant_operand_stays_on_litert(models, tmp_path):
     assert rep.drift.passed and max(o.mae_rel for o in rep.drift.outputs) < 0.01
     with runtime.open(out) as r:
         assert check_golden(r)["ok"]
+
+
+def test_profile_times_the_calls_predict_makes(bf16_bundle):
+    """bench --profile on a bound chain times the bound calls themselves: a view (reshape, slice) makes
+    no call and shows 0; every kernel step shows its call; predict still reproduces the golden vectors."""
+    from edgehft.bench.profile import profile_runner
+    with runtime.open(bf16_bundle) as r:
+        assert r._bound_steps is not None
+        prof = profile_runner(r, None, rounds=5, warmup=1)
+        assert check_golden(r)["ok"]
+    kinds = [s["kind"] for s in json.loads((bf16_bundle / "native.json").read_text())["steps"]]
+    for kind, seg in zip(kinds, prof["segments"]):
+        assert (seg["us"]["p50"] == 0) == (kind in ("reshape", "slice")), (kind, seg)

@@ -205,14 +205,28 @@ def profile_runner(runner, x: np.ndarray | None, *, rounds: int = 200, warmup: i
 
 def _profile_steps(runner, x, rounds: int, warmup: int) -> dict:
     """A chain of steps — PYNQ (CPU segment invoke, or FPGA kernel call with its copies) or the cpu board's
-    native plan (LiteRT segments, native LSTM kernel calls): time each step."""
+    native plans (LiteRT segments, native kernel calls): time each step. Where the runner has bound its
+    chain (``_bound_steps``), the calls timed are the ones ``predict`` makes (a view takes no call: 0 µs);
+    otherwise each step through ``run_step``, name lookups included."""
     windows = raw_windows(runner, x)
     names = runner.chain_input_names
     steps = runner._steps
-    lat = np.empty((rounds, len(steps)), dtype=np.int64)
+    bound = getattr(runner, "_bound_steps", None)
+    lat = np.zeros((rounds, len(steps)), dtype=np.int64)
     perf = time.perf_counter_ns
     for r in range(-warmup, rounds):
-        env = dict(zip(names, windows[r % len(windows)]))
+        window = windows[r % len(windows)]
+        if bound is not None:
+            for buf, w in zip(runner._staging_in, window):
+                np.copyto(buf, np.asarray(w).reshape(buf.shape))
+            for k, call in enumerate(bound):
+                if call is not None:
+                    t0 = perf()
+                    call()
+                    if r >= 0:
+                        lat[r, k] = perf() - t0
+            continue
+        env = dict(zip(names, window))
         for k, (kind, st, h) in enumerate(steps):
             t0 = perf()
             runner.run_step(kind, st, h, env)

@@ -138,8 +138,9 @@ class Runner(_Runner):
         self.outputs = [OutputSlot(s, buf) for s, buf in zip(outs, self._staging_out)]
         bound = native_chain.bind(self._chain, self._staging_in, self._staging_out)
         if bound is not None:
-            self._invoke, self._arena = bound
+            self._invoke, self._arena, self._bound_steps = bound
         else:
+            self._bound_steps = None
             self._invoke = functools.partial(native_chain.invoke, self._chain, self._staging_in, self._staging_out)
         self._bind_fast_paths()
         self._bind_float_fast_path()

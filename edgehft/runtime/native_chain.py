@@ -202,8 +202,10 @@ def bind(chain: Chain, staging_in, staging_out):
     """The hot path, when every buffer the chain hands over stays put (segments through their own
     buffers' views; kernel outputs in shared buffers planned by :mod:`edgehft.runtime.arena`, so the
     chain's working set stays small): each step's source and destination resolved once, one bound ctypes
-    call per kernel, a copy-in and invoke per segment, no name lookups. Returns ``(invoke, buffers)``
-    (keep the buffers alive with the invoke), or None when a hand-over could move (use :func:`invoke`)."""
+    call per kernel, a copy-in and invoke per segment, no name lookups. Returns ``(invoke, buffers,
+    step_calls)`` (keep the buffers alive with the invoke; ``step_calls``: per chain step the call it
+    makes, None for a view, for ``bench --profile``), or None when a hand-over could move (use
+    :func:`invoke`)."""
     from edgehft.runtime import arena
     if any(kind not in ("views", *VIEWS, *KERNELS) for kind, _ in chain.steps):
         return None
@@ -224,8 +226,9 @@ def bind(chain: Chain, staging_in, staging_out):
     where = arena.plan_buffers(plan, keep)
     pool = arena.allocate(arena.buffer_sizes(plan, keep))
     env = dict(zip(chain.inputs, staging_in))
-    calls = []
+    calls, per_step = [], []
     for (kind, h), slot in zip(chain.steps, where):
+        n_calls = len(calls)
         if kind == "views":
             inv, ins, outs, _ = h
             pairs = [(view, env[name].reshape(view.shape)) for view, name in ins]
@@ -253,6 +256,7 @@ def bind(chain: Chain, staging_in, staging_out):
             calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(k.input_pointer(xs)),
                                            ctypes.c_void_p(y.ctypes.data)))
             env[dst] = y
+        per_step.append(calls[-1] if len(calls) > n_calls else None)
     finals = [(buf, env[name].reshape(buf.shape)) for name, buf in zip(chain.outputs, staging_out)]
     if not all(np.may_share_memory(src, env[name]) for (_, src), name in zip(finals, chain.outputs)):
         return None
@@ -262,4 +266,4 @@ def bind(chain: Chain, staging_in, staging_out):
             call()
         for dst, src in finals:
             copy(dst, src)
-    return invoke_bound, pool
+    return invoke_bound, pool, per_step
