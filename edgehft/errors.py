@@ -1,6 +1,6 @@
 """The errors edgehft raises. Each carries a hint that says how to fix it and a CLI exit code.
 
-Exit codes (also in the README): 0 ok, 2 usage, 3 bad input (model file, ticks, shapes, dtypes, NaN),
+Exit codes (also in the README): 0 ok, 1 misuse of the Python API (:class:`RunnerStateError`), 2 usage, 3 bad input (model file, ticks, shapes, dtypes, NaN),
 4 converter failure (crash, hang, lowering), 5 drift gate failed under ``--strict``, 6 bundle does not
 match its manifest, 7 board or library unavailable, 8 golden vectors not reproduced, 9 deploy refused or failed
 on the box (the previous version still serves), 10 box unreachable (SSH connection, authentication or host key).
@@ -20,6 +20,11 @@ class EdgeHFTError(Exception):
     def __str__(self) -> str:
         msg = super().__str__()
         return f"{msg}\n  hint: {self.hint}" if self.hint else msg
+
+
+class RunnerStateError(EdgeHFTError, RuntimeError):
+    """A :class:`~edgehft.runtime.base.Runner` was called after ``close()``, or from a second thread while
+    a call was in progress (a runner serves one call at a time; open one runner per thread)."""
 
 
 class InputError(EdgeHFTError, ValueError):

@@ -174,6 +174,7 @@ class Runner(_Runner):
         import math
         invoke, dest, shapes, dtype = self._invoke, slot.dest, slot.shapes, slot.dtype
         copyto, isfinite, general, read = np.copyto, math.isfinite, self.predict, out.read
+        enter, leave, busy = self._entry.acquire, self._entry.release, self._busy
         add_reduce = np.add.reduce
 
         def predict(*windows):
@@ -181,9 +182,14 @@ class Runner(_Runner):
                 x = windows[0]
                 if x.__class__ is np.ndarray and x.dtype is dtype and x.shape in shapes \
                         and isfinite(add_reduce(x, axis=None)):
-                    copyto(dest, x)
-                    invoke()
-                    return read()
+                    if not enter(False):
+                        busy()
+                    try:
+                        copyto(dest, x)
+                        invoke()
+                        return read()
+                    finally:
+                        leave()
             return general(*windows)
 
         self.predict = predict
