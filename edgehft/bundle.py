@@ -3,14 +3,41 @@
 Ground floor: imports only the error types. Writing is atomic (a temporary sibling directory renamed
 into place), so an interrupted compile never leaves a half bundle where a good one was. Loading checks
 every file against the SHA-256 recorded in the manifest.
+
+A bundle is untrusted input (it may come from anywhere, and it runs on boxes that trade). What loading
+holds it to, each refusal a :class:`~edgehft.errors.BundleError` (exit 6) with a one-line message:
+
+- the manifest is a JSON object of at most :data:`MAX_MANIFEST_BYTES`, UTF-8, a supported
+  ``format_version`` (an integer, 1 up to :data:`FORMAT_VERSION`);
+- every path it names (``files`` keys, ``model_file``, ``golden.file``, ``features.file``, ``artifacts``)
+  is a plain relative path inside the bundle (no ``..``, no absolute path, no empty or ``.`` part), and
+  every one of them is listed in ``files`` with a SHA-256; so are ``report.json`` where present and every
+  file a ``native.json`` or ``steps.json`` plan names (:data:`PLAN_FILE_KEYS`);
+- a listed file is a regular file reached without a symlink (a symlink to anywhere, a directory, a FIFO
+  are refused) and has its recorded hash (each file is read and hashed once);
+- tensor specs have numpy dtype names, positive dims of sane size, and for quantized tensors a finite
+  positive scale and a zero point within the dtype's range;
+- golden vectors (checked when :meth:`Bundle.golden` reads them): at least one, a finite tolerance of sane
+  size, an array for every input and output with the spec's dtype and ``(count, *shape[1:])``, finite
+  values, a readable ``.npz`` without pickled objects.
+
+Readers open bundle files through :meth:`Bundle.resolve`, which refuses any path the manifest does not
+list or that leaves the bundle. A tensor ``index`` is checked against the interpreter that opens the model
+with :func:`check_io_details` (the manifest alone cannot know the model's tensors).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
+import stat
+import struct
 import tempfile
+import zipfile
+import zlib
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -28,6 +55,28 @@ FORMAT_VERSION_FOR_PLAN = {"native-bf16": 2}
 MANIFEST = "manifest.json"
 REPORT = "report.json"
 
+MAX_MANIFEST_BYTES = 16 << 20          # a DeepLOB native-bf16 manifest is ~5 KiB; refused before reading it all
+MAX_JSON_BYTES = 64 << 20              # report.json, native.json, steps.json
+MAX_TENSOR_BYTES = 1 << 30             # one model input or output (DeepLOB's is 16 KB; a 224x224x3 image 600 KB)
+MAX_GOLDEN_BYTES = 1 << 30             # all golden arrays together, as their headers declare them
+MAX_RANK = 32                          # numpy 1.x's own limit on dimensions
+# Files a native.json (cpu native plans) or steps.json (PYNQ) step names, by key: the runtimes open these.
+PLAN_FILE_KEYS = ("model", "weights", "params")
+PLAN_ARTIFACTS = ("native", "steps")
+# Golden atol bound. The largest tolerance edgehft writes itself is 0.05 absolute (a Jetson int8 Q/DQ
+# bundle, QDQ_GOLDEN_ATOL); the float plans write 2-4x a measured kernel-path difference, which is far below
+# a tenth of the outputs' magnitude (float32 kernels differ in the last bits, bf16 by ~1e-2 relative at
+# worst). A tolerance beyond max(0.05, 0.1 x max|golden output|) would pass outputs off by a tenth of their
+# full scale, or (1e300) anything at all: a check that cannot fail. Such a bundle is refused.
+ATOL_FLOOR = 0.05
+ATOL_REL = 0.1
+_QUANTIZED = ("int8", "uint8", "int16")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, struct.error, ValueError, OSError, EOFError, KeyError,
+               MemoryError, NotImplementedError, RuntimeError, SyntaxError)
+_RECOMPILE = "compile the bundle again (or copy the directory `edgehft compile --out` wrote again)"
+_MAX_LISTED = 4                        # problems named in one message
+
 
 class TensorSpec(BaseModel):
     """A model input or output: shape with batch, dtype, and for quantized tensors the affine
@@ -42,7 +91,7 @@ class TensorSpec(BaseModel):
 
     @property
     def quantized(self) -> bool:
-        return self.scale is not None and self.dtype in ("int8", "uint8", "int16")
+        return self.scale is not None and self.dtype in _QUANTIZED
 
 
 class SourceModel(BaseModel):
@@ -121,77 +170,493 @@ def sha256_arrays(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def _err(where, what: str, hint: str | None = _RECOMPILE) -> BundleError:
+    """A BundleError ``bundle WHERE: WHAT`` on one line (names from the bundle may hold newlines)."""
+    msg = f"bundle {where}: {what}".replace("\r", "\\r").replace("\n", "\\n")
+    return BundleError(msg, hint=hint)
+
+
+def _joined(problems: list[str]) -> str:
+    more = len(problems) - _MAX_LISTED
+    return "; ".join(problems[:_MAX_LISTED]) + (f"; and {more} more" if more > 0 else "")
+
+
+def _short(value, n: int = 60) -> str:
+    r = repr(value)
+    return r if len(r) <= n else r[:n] + "…"
+
+
+def _open_regular(path: Path):
+    """``path`` opened for binary reading if it is a regular file, never following a symlink and never
+    blocking (a FIFO); ``(file, None)`` or ``(None, why)``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as exc:
+        if os.path.islink(path):
+            return None, "is a symlink (a bundle holds plain files only)"
+        return None, f"cannot be opened ({exc.strerror or exc})"
+    fh = os.fdopen(fd, "rb")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        fh.close()
+        return None, f"is {_kind(mode)}, not a regular file"
+    return fh, None
+
+
+def _kind(mode: int) -> str:
+    return "a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode) else \
+        "a FIFO, socket or device"
+
+
+def _read_json(where, path: Path, rel: str, limit: int):
+    """The JSON value in ``path``: a regular file of at most ``limit`` bytes, UTF-8, nested sanely.
+
+    Raises:
+        BundleError: anything else, naming ``rel``.
+    """
+    fh, why = _open_regular(path)
+    if fh is None:
+        raise _err(where, f"{rel} {why}")
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise _err(where, f"{rel} is {size:,} B, more than the {limit:,} B a bundle's {rel} may hold")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise _err(where, f"{rel} is more than the {limit:,} B a bundle's {rel} may hold")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _err(where, f"{rel} is not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:
+        raise _err(where, f"{rel} is nested too deeply to be a bundle's {rel}") from None
+    except ValueError as exc:               # json.JSONDecodeError, and integers over Python's digit limit
+        raise _err(where, f"{rel} is not valid JSON: {exc}") from None
+
+
+def _path_problem(rel) -> str | None:
+    """Why ``rel`` is not a plain relative path inside a bundle (``a/b.bin``), or None."""
+    if not isinstance(rel, str) or not rel:
+        return "is empty"
+    if "\x00" in rel or "\\" in rel:
+        return "holds a NUL or a backslash"
+    if rel.startswith("/"):
+        return "is an absolute path"
+    if any(p in ("", ".", "..") for p in rel.split("/")):
+        return "is not a plain relative path inside the bundle (an empty, '.' or '..' part)"
+    if rel == MANIFEST:
+        return "is the manifest itself"
+    return None
+
+
+def _named_paths(m: Manifest) -> list[tuple[str, str]]:
+    """``(field, path)`` for every path the manifest names besides its ``files`` keys."""
+    named = [("model_file", m.model_file)]
+    if m.golden is not None:
+        named.append(("golden.file", m.golden.file))
+    if m.features is not None and m.features.file:        # "" is a module reference, no file
+        named.append(("features.file", m.features.file))
+    named += [(f"artifacts.{role}", rel) for role, rel in sorted(m.artifacts.items())]
+    return named
+
+
+def _path_problems(m: Manifest) -> list[str]:
+    if not m.files:
+        return ["its manifest lists no files (files is empty), so nothing in it is verified"]
+    problems = []
+    for rel, digest in sorted(m.files.items()):
+        why = _path_problem(rel)
+        if why:
+            problems.append(f"files key {_short(rel)} {why}")
+        elif not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            problems.append(f"files[{rel!r}] is not a SHA-256 (64 lowercase hex digits): {_short(digest)}")
+    for field, rel in _named_paths(m):
+        why = _path_problem(rel)
+        if why:
+            problems.append(f"{field} {_short(rel)} {why}")
+        elif rel not in m.files:
+            problems.append(f"{field} {rel} is not listed in files (no SHA-256 covers it)")
+    return problems
+
+
+def _spec_problems(role: str, s: TensorSpec) -> list[str]:
+    where = f"{role} {s.name!r}"
+    if s.index < 0:
+        return [f"{where}: tensor index {s.index} is negative"]
+    try:
+        dt = np.dtype(s.dtype)
+    except (TypeError, ValueError, SyntaxError):
+        return [f"{where}: dtype {_short(s.dtype)} is not a numpy dtype"]
+    if dt.name != s.dtype or dt.kind not in "biufc":
+        return [f"{where}: dtype {_short(s.dtype)} is not a numeric numpy dtype name (e.g. float32, int8)"]
+    if len(s.shape) > MAX_RANK or any(d < 1 for d in s.shape):
+        return [f"{where}: shape {_short(s.shape)} needs at most {MAX_RANK} dimensions, each at least 1"]
+    nbytes = math.prod(s.shape) * dt.itemsize
+    if nbytes > MAX_TENSOR_BYTES:
+        return [f"{where}: shape {_short(s.shape)} is {nbytes:,} B, more than the {MAX_TENSOR_BYTES:,} B "
+                "a model input or output may hold"]
+    if not s.quantized:
+        return []
+    if len(s.scale) != 1 or s.zero_point is None or len(s.zero_point) != 1:
+        return [f"{where}: quantized {s.dtype} needs one scale and one zero_point (per tensor), not "
+                f"scale {_short(s.scale)} and zero_point {_short(s.zero_point)}"]
+    problems = []
+    if not (math.isfinite(s.scale[0]) and s.scale[0] > 0):
+        problems.append(f"{where}: scale {s.scale[0]!r} is not a finite positive number")
+    info = np.iinfo(dt)
+    if not info.min <= s.zero_point[0] <= info.max:
+        problems.append(f"{where}: zero_point {s.zero_point[0]} is outside {s.dtype}'s range "
+                        f"{info.min}..{info.max}")
+    return problems
+
+
+def _io_problems(m: Manifest) -> list[str]:
+    problems = []
+    for role, specs in (("input", m.inputs), ("output", m.outputs)):
+        if not specs:
+            problems.append(f"the manifest names no {role}s")
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            problems.append(f"two {role}s share a name: {_short(names)}")
+        for s in specs:
+            problems += _spec_problems(role, s)
+    return problems
+
+
+def _golden_problems(m: Manifest) -> list[str]:
+    g = m.golden
+    if g is None:
+        return []
+    problems = []
+    if g.count < 1:
+        problems.append(f"golden count {g.count}: a bundle carries at least one golden vector (0 checks nothing)")
+    if not (math.isfinite(g.atol) and g.atol >= 0):
+        problems.append(f"golden atol {g.atol!r} is not a finite number >= 0")
+    if problems:
+        return problems
+    try:
+        per_vector = sum(math.prod(s.shape[1:]) * np.dtype(s.dtype).itemsize for s in m.inputs + m.outputs)
+    except TypeError:
+        return []                             # a dtype problem, named by _io_problems
+    if g.count * per_vector > MAX_GOLDEN_BYTES:
+        problems.append(f"golden count {g.count} makes {g.count * per_vector:,} B of golden vectors, more than "
+                        f"{MAX_GOLDEN_BYTES:,} B")
+    return problems
+
+
+def check_manifest(m: Manifest, where="<manifest>") -> None:
+    """Check a parsed manifest against the rules in the module docstring that need no file: paths, the
+    ``files`` map's coverage, tensor specs, golden count and tolerance.
+
+    Raises:
+        BundleError: naming the problems found (up to four, on one line).
+    """
+    problems = _path_problems(m) + _io_problems(m) + _golden_problems(m)
+    if problems:
+        raise _err(where, "its manifest is refused: " + _joined(problems))
+
+
+def check_io_details(specs: list[TensorSpec], details: list[dict], role: str, model: str | Path) -> None:
+    """Check the manifest's ``specs`` against an interpreter's ``details`` (LiteRT's
+    ``get_input_details()`` or ``get_output_details()``: dicts with ``index``, ``shape``, ``dtype``): each
+    spec's ``index`` is one of the interpreter's ``role`` tensors ("input" or "output"), with the spec's
+    shape and dtype. ``model`` (the model file's path) names it in the message. Call it after the
+    interpreter is made and before any ``set_tensor`` or ``tensor()``.
+
+    Raises:
+        BundleError: a tensor index the model does not have as that role, or a shape or dtype that differs.
+    """
+    by_index = {int(d["index"]): d for d in details}
+    for s in specs:
+        d = by_index.get(s.index)
+        if d is None:
+            what = (f"the manifest's {role} {s.name!r} is tensor {s.index}, which is not an {role} of the model "
+                    f"(its {role}s are tensors {_short(sorted(by_index))})")
+        else:
+            shape = tuple(int(x) for x in d["shape"])
+            if shape == tuple(s.shape) and np.dtype(d["dtype"]) == np.dtype(s.dtype):
+                continue
+            what = (f"the manifest's {role} {s.name!r} is {s.dtype} {tuple(s.shape)}, the model's tensor "
+                    f"{s.index} is {np.dtype(d['dtype']).name} {shape}")
+        raise BundleError(f"{model}: {what}".replace("\n", "\\n"), hint=_RECOMPILE)
+
+
 class Bundle:
-    """An opened bundle directory (``manifest`` parsed; files verified unless ``verify=False``)."""
+    """An opened bundle directory (``manifest`` parsed; files verified unless ``verify=False``).
+
+    A Bundle made directly (the compiler's draft, whose ``files`` map is still empty) skips the "listed in
+    ``files``" rule of :meth:`resolve`; :func:`load_bundle` refuses a manifest with an empty ``files``."""
 
     def __init__(self, path: Path, manifest: Manifest):
         self.path = path
         self.manifest = manifest
+        self._root = os.path.realpath(path)
+
+    def resolve(self, rel: str) -> Path:
+        """The path of bundle file ``rel`` (``"native/op3.npz"``), for reading it.
+
+        Raises:
+            BundleError: ``rel`` is not a plain relative path, not listed in the manifest's ``files``, missing,
+                a symlink, not a regular file, or reached through a symlinked directory.
+        """
+        why = self._file_problem(rel)
+        if why:
+            raise _err(self.path, why)
+        return self.path / rel
 
     def file(self, rel: str) -> Path:
-        return self.path / rel
+        """Same as :meth:`resolve`."""
+        return self.resolve(rel)
+
+    def _file_problem(self, rel) -> str | None:
+        why = _path_problem(rel)
+        if why:
+            return f"{_short(rel)} {why}"
+        if self.manifest.files and rel not in self.manifest.files:
+            return f"{rel} is not listed in the manifest's files"
+        p = self.path / rel
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return f"missing {rel}"
+        except OSError as exc:
+            return f"{rel} cannot be read ({exc.strerror or exc})"
+        if stat.S_ISLNK(st.st_mode):
+            return f"{rel} is a symlink (a bundle holds plain files only)"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{rel} is {_kind(st.st_mode)}, not a regular file"
+        if os.path.realpath(p) != os.path.join(self._root, rel):
+            return f"{rel} is reached through a symlinked directory"
+        return None
 
     @property
     def model_path(self) -> Path:
-        return self.path / self.manifest.model_file
+        return self.resolve(self.manifest.model_file)
 
     def report(self) -> dict:
-        p = self.path / REPORT
-        return json.loads(p.read_text()) if p.exists() else {}
+        """``report.json`` as a dict ({} where the bundle has none).
+
+        Raises:
+            BundleError: it is unlisted, changed in kind (symlink, directory), too large, not UTF-8 JSON, or
+                not a JSON object.
+        """
+        if REPORT not in self.manifest.files and not os.path.lexists(self.path / REPORT):
+            return {}
+        data = _read_json(self.path, self.resolve(REPORT), REPORT, MAX_JSON_BYTES)
+        if not isinstance(data, dict):
+            raise _err(self.path, f"{REPORT} is a JSON {type(data).__name__}, not an object")
+        return data
+
+    def require_golden(self) -> Golden:
+        """The manifest's golden vectors (their spec; nothing is read).
+
+        Raises:
+            BundleError: the bundle has none, saying why where its report does (compile could not make
+                them: a custom op that no LiteRT kernel path runs, an input batch other than 1).
+        """
+        if self.manifest.golden is not None:
+            return self.manifest.golden
+        try:
+            why = str(self.report().get("golden", {}).get("missing") or "")
+        except (BundleError, AttributeError):
+            why = ""
+        if not why:
+            raise BundleError(f"bundle {self.path} has no golden vectors", hint="compile it again")
+        raise _err(self.path, f"has no golden vectors, so nothing can check its outputs: compile could not make "
+                              f"them ({' '.join(why.split())[:300].rstrip('.')})",
+                   hint=f"`edgehft report {self.path}` shows the partition and why; deploy a bundle that has "
+                        "golden vectors, or check this model's outputs on the box another way")
 
     def golden(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """``(inputs, outputs)`` golden arrays by tensor name. Raises BundleError if there are none."""
-        g = self.manifest.golden
-        if g is None:
-            raise BundleError(f"bundle {self.path} has no golden vectors", hint="compile it again")
-        with np.load(self.path / g.file) as z:
-            ins = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("inputs/")}
-            outs = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("outputs/")}
+        """``(inputs, outputs)`` golden arrays by tensor name, each ``(count, *spec.shape[1:])`` in the spec's
+        dtype, finite.
+
+        Raises:
+            BundleError: no golden vectors; golden.npz unreadable (truncated, damaged, not an .npz, pickled
+                objects), an input or output without its array, an array of the wrong shape or dtype, NaN or
+                inf values, or an ``atol`` above :data:`ATOL_FLOOR` and :data:`ATOL_REL` x max|output|.
+        """
+        g = self.require_golden()
+        ins, outs = _read_golden(self.path, self.resolve(g.file), self.manifest)
+        _check_golden_values(self.path, self.manifest, ins, outs)
         return ins, outs
 
     def verify(self) -> None:
-        """Check every file listed in the manifest exists and has its recorded SHA-256.
+        """Check every file listed in the manifest is a regular file inside the bundle with its recorded
+        SHA-256 (each read once), that ``report.json`` is listed where present, and that every file a
+        ``native.json``/``steps.json`` plan names is listed.
 
         Raises:
-            BundleError: naming each missing or changed file.
+            BundleError: naming each missing, changed or refused file.
         """
         problems = []
         for rel, digest in sorted(self.manifest.files.items()):
-            p = self.path / rel
-            if not p.is_file():
-                problems.append(f"missing {rel}")
-            elif sha256_file(p) != digest:
-                problems.append(f"{rel} changed (sha256 {sha256_file(p)[:12]}…, manifest says {digest[:12]}…)")
+            why = self._file_problem(rel)
+            if why:
+                problems.append(why)
+                continue
+            got, why = _sha256_nofollow(self.path / rel)
+            if why:
+                problems.append(f"{rel} {why}")
+            elif got != digest:
+                problems.append(f"{rel} changed (sha256 {got[:12]}…, manifest says {digest[:12]}…)")
         if problems:
-            raise BundleError(f"bundle {self.path} does not match its manifest: " + "; ".join(problems),
+            raise BundleError(f"bundle {self.path} does not match its manifest: " + _joined(problems),
                               hint="the bundle was modified or truncated after compile; compile or copy it again")
+        if REPORT not in self.manifest.files and os.path.lexists(self.path / REPORT):
+            raise _err(self.path, f"{REPORT} is in the bundle but not listed in its manifest's files")
+        self._verify_plans()
+
+    def _verify_plans(self) -> None:
+        """Every file a ``native.json`` or ``steps.json`` step names (:data:`PLAN_FILE_KEYS`) is listed."""
+        for role in PLAN_ARTIFACTS:
+            rel = self.manifest.artifacts.get(role)
+            if not rel:
+                continue
+            plan = _read_json(self.path, self.resolve(rel), rel, MAX_JSON_BYTES)
+            steps = plan.get("steps") if isinstance(plan, dict) else None
+            if not isinstance(steps, list) or not all(isinstance(st, dict) for st in steps):
+                raise _err(self.path, f"{rel} is not a plan (an object whose steps are a list of objects)")
+            problems = []
+            for k, st in enumerate(steps):
+                for key in PLAN_FILE_KEYS:
+                    if key in st:
+                        why = _path_problem(st[key])
+                        if why or st[key] not in self.manifest.files:
+                            problems.append(f"step {k} {key} {_short(st[key])} "
+                                            f"{why or 'is not listed in the manifest files'}")
+            if problems:
+                raise _err(self.path, f"{rel} names files the manifest does not cover: " + _joined(problems))
+
+
+def _sha256_nofollow(path: Path) -> tuple[str, str | None]:
+    """``(hexdigest, None)`` of a regular file read once without following a symlink, or ``("", why)``."""
+    fh, why = _open_regular(path)
+    if fh is None:
+        return "", why
+    h = hashlib.sha256()
+    with fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest(), None
+
+
+def _npy_header(z, key: str) -> tuple[tuple, np.dtype, int]:
+    """``(shape, dtype, data bytes)`` of member ``key`` of the open npz ``z``, from its header alone."""
+    member = key + ".npy" if key + ".npy" in z.zip.namelist() else key
+    info = z.zip.getinfo(member)
+    with z.zip.open(member) as fh:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+        else:
+            raise ValueError(f"npy format version {version[0]}.{version[1]}")
+        return tuple(shape), dtype, info.file_size - fh.tell()
+
+
+def _read_golden(where, path: Path, m: Manifest) -> tuple[dict, dict]:
+    """The golden arrays of ``m``'s inputs and outputs from ``path``, each checked from its header
+    (dtype, shape, size) before its data is read."""
+    g = m.golden
+    rel = g.file
+    try:
+        z = np.load(path, allow_pickle=False)
+    except _NPZ_ERRORS as exc:
+        raise _err(where, f"{rel} cannot be read ({type(exc).__name__}: {_short(str(exc), 120)})") from None
+    if isinstance(z, np.ndarray):
+        raise _err(where, f"{rel} is a single .npy array, not an .npz of inputs/ and outputs/ arrays")
+    ins, outs = {}, {}
+    try:
+        with z:
+            for prefix, specs, into in (("inputs", m.inputs, ins), ("outputs", m.outputs, outs)):
+                for s in specs:
+                    key = f"{prefix}/{s.name}"
+                    if key not in z.files:
+                        raise _err(where, f"{rel} has no array {key} (the manifest's {prefix[:-1]} {s.name!r})")
+                    shape, dtype, data_bytes = _npy_header(z, key)
+                    _check_header(where, rel, key, s, g.count, shape, dtype, data_bytes)
+                    into[s.name] = z[key]
+    except _NPZ_ERRORS as exc:
+        raise _err(where, f"{rel} cannot be read ({type(exc).__name__}: {_short(str(exc), 120)})") from None
+    return ins, outs
+
+
+def _check_header(where, rel: str, key: str, s: TensorSpec, count: int, shape: tuple, dtype: np.dtype,
+                  data_bytes: int) -> None:
+    if dtype.hasobject:
+        raise _err(where, f"{rel} {key} holds Python objects (pickled data); golden vectors are plain arrays")
+    want_dt = np.dtype(s.dtype)
+    if dtype != want_dt:
+        cast = (" (a cast would change its values, e.g. turn float64 beyond float32's range into inf)"
+                if dtype.kind == want_dt.kind == "f" else "")
+        raise _err(where, f"{rel} {key} is {dtype.str} ({dtype.name}), the tensor is {want_dt.name}{cast}")
+    want = (count, *s.shape[1:])
+    if shape != want:
+        raise _err(where, f"{rel} {key} has shape {shape}, expected {want} (golden count {count}, tensor shape "
+                          f"{tuple(s.shape)})")
+    if math.prod(shape) * dtype.itemsize != data_bytes:
+        raise _err(where, f"{rel} {key} holds {data_bytes:,} B of data, its header says "
+                          f"{math.prod(shape) * dtype.itemsize:,} B (truncated or damaged)")
+
+
+def _check_golden_values(where, m: Manifest, ins: dict, outs: dict) -> None:
+    g = m.golden
+    for prefix, arrays in (("inputs", ins), ("outputs", outs)):
+        for name, a in arrays.items():
+            if a.dtype.kind in "fc" and not np.isfinite(a).all():
+                raise _err(where, f"{g.file} {prefix}/{name} holds {int((~np.isfinite(a)).sum())} NaN or inf "
+                                  "values (a golden vector must be reproducible)")
+    if g.compare != "allclose":
+        return
+    peak = max((float(np.abs(a.astype(np.float64)).max()) for a in outs.values() if a.size), default=0.0)
+    bound = max(ATOL_FLOOR, ATOL_REL * peak)
+    if g.atol > bound:
+        raise _err(where, f"golden atol {g.atol:g} is larger than max({ATOL_FLOOR:g}, {ATOL_REL:g} x the largest "
+                          f"|golden output| {peak:.4g}) = {bound:.4g}: it would pass almost any output")
+
+
+def _parse_manifest(path: Path, mpath: Path) -> Manifest:
+    raw = _read_json(path, mpath, MANIFEST, MAX_MANIFEST_BYTES)
+    if not isinstance(raw, dict):
+        raise _err(path, f"{MANIFEST} is a JSON {type(raw).__name__}, not an object",
+                   hint="pass the directory that `edgehft compile --out` wrote")
+    if raw.get("format") != FORMAT:
+        raise BundleError(f"{mpath} is not an edgehft manifest (format={_short(raw.get('format'))})")
+    fv = raw.get("format_version", 1)
+    if isinstance(fv, bool) or not isinstance(fv, int) or fv < 1:
+        raise _err(path, f"{MANIFEST} has format_version {_short(fv)}, not an integer from 1 to {FORMAT_VERSION}")
+    if fv > FORMAT_VERSION:
+        raise BundleError(f"{mpath} has format_version {fv}; this edgehft reads up to "
+                          f"{FORMAT_VERSION}", hint="upgrade edgehft on this machine")
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        errs = exc.errors()
+        problems = [f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}" for e in errs]
+        raise _err(path, f"{MANIFEST} is malformed: " + _joined(problems)) from None
 
 
 def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
-    """Open the bundle directory at ``path``.
+    """Open the bundle directory at ``path``: the manifest is read and checked (:func:`check_manifest`);
+    with ``verify`` every file too (:meth:`Bundle.verify`). Golden arrays are checked when
+    :meth:`Bundle.golden` reads them.
 
     Raises:
-        BundleError: not a directory, no or malformed manifest, unsupported format version, or
-            (with ``verify``) a file that does not match the manifest.
+        BundleError: not a directory, no manifest or one that is a symlink, too large, not a UTF-8 JSON
+            object, malformed, of an unsupported format version, or refused by :func:`check_manifest`; with
+            ``verify``, a file that does not match the manifest or is refused.
     """
     path = Path(path)
     mpath = path / MANIFEST
-    if not mpath.is_file():
+    if not os.path.lexists(mpath):
         raise BundleError(f"{path} is not an edgehft bundle (no {MANIFEST})",
                           hint="pass the directory that `edgehft compile --out` wrote")
-    try:
-        raw = json.loads(mpath.read_text())
-    except json.JSONDecodeError as exc:
-        raise BundleError(f"{mpath} is not valid JSON: {exc}") from exc
-    if raw.get("format") != FORMAT:
-        raise BundleError(f"{mpath} is not an edgehft manifest (format={raw.get('format')!r})")
-    if raw.get("format_version", 0) > FORMAT_VERSION:
-        raise BundleError(f"{mpath} has format_version {raw.get('format_version')}; this edgehft reads up to "
-                          f"{FORMAT_VERSION}", hint="upgrade edgehft on this machine")
-    try:
-        manifest = Manifest(**raw)
-    except ValidationError as exc:
-        raise BundleError(f"{mpath} is malformed: {exc}") from exc
+    manifest = _parse_manifest(path, mpath)
+    check_manifest(manifest, path)
     bundle = Bundle(path, manifest)
     if verify:
         bundle.verify()
@@ -208,17 +673,20 @@ def write_bundle(out: str | Path, manifest: Manifest, files: dict[str, bytes | P
         files: relative path -> bytes, or a path to copy.
         report: written as ``report.json`` (hashed like the other files).
     Raises:
-        BundleError: ``out`` exists and is not a bundle (nothing there is touched).
+        BundleError: ``out`` exists and is not a bundle (nothing there is touched), or the manifest would be
+            refused by :func:`load_bundle` (:func:`check_manifest`; nothing is written).
     """
     out = Path(out).resolve()
     if out.exists() and not (out / MANIFEST).exists() and any(out.iterdir()):
         raise BundleError(f"{out} exists and is not an edgehft bundle; refusing to replace it",
                           hint="choose an empty or new --out directory")
+    if report is not None:
+        files = {**files, REPORT: json.dumps(report, indent=1).encode()}
+    manifest.files = {rel: "0" * 64 for rel in sorted(files)}        # the paths, checked before writing
+    check_manifest(manifest, out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
-        if report is not None:
-            files = {**files, REPORT: json.dumps(report, indent=1).encode()}
         for rel, content in files.items():
             dst = tmp / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
