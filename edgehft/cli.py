@@ -94,9 +94,22 @@ def edgetpu_flags(min_runtime, multi, cut):
     return EdgeTPUFlags(min_runtime, multi or None, tuple(c for c in cut.split(",") if c) if cut else None)
 
 
+def _keep_require_signature(ctx, param, value):
+    ctx.meta["edgehft.require_signature"] = value       # read by _open_runner (no parameter to thread through)
+
+
+require_signature_opt = click.option(
+    "--require-signature", "require_signature", type=click.Path(exists=True, dir_okay=False), default=None,
+    expose_value=False, callback=_keep_require_signature, metavar="ALLOWED_SIGNERS",
+    help="Open the bundle only if its manifest.json.sig verifies against this OpenSSH allowed_signers file "
+         "(exit 6 if unsigned or signed by a key not listed there).")
+
+
 def runner_opts(fn):
-    """What ``run`` and ``bench`` need to open a bundle: board, threads, affinity, emulate, device, overlay."""
-    for opt in reversed((board_opt, threads_opt, affinity_opt, emulate_opt, device_opt, overlay_opt)):
+    """What ``run`` and ``bench`` need to open a bundle: board, threads, affinity, emulate, device, overlay,
+    --require-signature."""
+    for opt in reversed((board_opt, threads_opt, affinity_opt, emulate_opt, device_opt, overlay_opt,
+                         require_signature_opt)):
         fn = opt(fn)
     return fn
 
@@ -105,7 +118,10 @@ def _open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_
     """``runtime.open`` with the runner options; says EMULATED on stderr for people."""
     from edgehft import runtime
     opts = {k: v for k, v in (("overlay", overlay), ("emulate", emulate or None), ("device", device)) if v}
-    r = runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity), **opts)
+    ctx = click.get_current_context(silent=True)
+    signers = ctx.meta.get("edgehft.require_signature") if ctx else None
+    r = runtime.open(bundle, board, threads=threads, affinity=_affinity(affinity), require_signature=signers,
+                     **opts)
     _say_emulated(r, as_json)
     return r
 
@@ -158,14 +174,21 @@ def main() -> None:
 @click.option("--edgetpu-model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Edge TPU boards: MODEL's *_edgetpu.tflite, compiled on another machine; checked against "
                    "MODEL and put in the bundle (verdict confirmed).")
+@click.option("--sign", "sign_key", type=click.Path(exists=True, dir_okay=False), default=None, metavar="KEY",
+              help="Sign the bundle's manifest with this SSH key (ssh-keygen -Y sign, namespace edgehft-bundle) "
+                   "into manifest.json.sig; boxes with an allowed_signers file take only signed bundles.")
 @json_opt
 @handles_errors
 def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, drift_windows, golden_count,
-                drift_threshold, strict, timeout_s, lowering, min_runtime, multi, cut, edgetpu_model, as_json):
+                drift_threshold, strict, timeout_s, lowering, min_runtime, multi, cut, edgetpu_model, sign_key,
+                as_json):
     """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
     partition it, and write a bundle."""
     from edgehft.compiler.pipeline import CompileOptions, compile_model
     from edgehft.report import print_report
+    if sign_key:
+        from edgehft.signing import check_tool
+        check_tool()                # a missing or too old ssh-keygen is said before the compile, not after
     edgetpu = edgetpu_flags(min_runtime, multi, cut)
     opts = CompileOptions(board=board, quant=quant, features=features, calib_windows=calib_windows,
                           drift_windows=drift_windows, golden_count=golden_count,
@@ -177,9 +200,10 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
         with err.status("compiling") as status:
             res = compile_model(model, list(calib), out_dir, opts,
                                 progress=lambda s: (status.update(f"compiling: {s}"), err.print(f"[dim]· {s}[/]")))
+    signature = _sign_compiled(res.bundle.path, sign_key) if sign_key else None
     if as_json:
         click.echo(json.dumps({"bundle": str(res.bundle.path), "warnings": res.warnings,
-                               "report": res.report.model_dump()}))
+                               "report": res.report.model_dump(), "signature": signature}))
         return
     print_report(res.report, out)
     for w in res.warnings:
@@ -191,6 +215,20 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
     extra = f", compiled: {', '.join(m.artifacts.values())}" if m.artifacts else ""
     out.print(f"bundle [bold]{res.bundle.path}[/]: board {m.board}, {m.quantization.mode}, {calib_text}, "
               f"{m.golden.count} golden vectors{extra}")
+    if signature:
+        out.print(f"signed: {signature['signature']} ({signature['key']}, namespace {signature['namespace']})",
+                  highlight=False, soft_wrap=True)
+
+
+def _sign_compiled(bundle_path, key) -> dict:
+    """``compile --sign``: sign the bundle just written; a failure says the bundle is there, unsigned."""
+    from edgehft.signing import sign_bundle
+    try:
+        return sign_bundle(bundle_path, key)
+    except EdgeHFTError as exc:
+        exc.args = (f"{exc.args[0]} (the bundle {bundle_path} was written, unsigned)",)
+        exc.hint = f"{exc.hint}; then: edgehft sign {bundle_path} --key KEY" if exc.hint else None
+        raise
 
 
 @main.command("run")
@@ -351,6 +389,7 @@ def print_bench(report: dict) -> None:
 
 import edgehft.cli_inspect  # noqa: E402,F401  (registers the report and boards commands)
 import edgehft.cli_deploy  # noqa: E402,F401  (registers deploy, status and rollback)
+import edgehft.cli_sign  # noqa: E402,F401  (registers sign)
 
 
 if __name__ == "__main__":           # python -m edgehft.cli: run the module the commands registered on

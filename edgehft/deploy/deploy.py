@@ -26,6 +26,7 @@ from edgehft.bundle import MANIFEST, load_bundle, sha256_file
 from edgehft.deploy.probe import board_mismatches
 from edgehft.deploy.ssh import SshTarget, run_agent
 from edgehft.errors import DeployError, EdgeHFTError, GoldenMismatchError, RemoteError
+from edgehft.signing import SIGNATURE
 
 STEPS = ("probe", "upload", "verify", "golden", "switch")
 
@@ -101,7 +102,7 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
             if not force:
                 raise DeployError(why, hint=f"compile for --board {name}, or deploy with --board {b.manifest.board}")
             res.forced.append(why)
-        files = sorted(b.manifest.files) + [MANIFEST]
+        files = sorted(b.manifest.files) + [MANIFEST] + ([SIGNATURE] if (b.path / SIGNATURE).is_file() else [])
         nbytes = sum((b.path / f).stat().st_size for f in files)
         bundle_sha = sha256_file(b.path / MANIFEST)
         vid = version_id(bundle_sha)

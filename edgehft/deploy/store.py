@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
 from edgehft.errors import BundleError, DeployError
+from edgehft.signing import SIGNATURE, check_install_dir
 
 VID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{12}-[0-9a-f]{4}$")
 STALE_STAGED_S = 600.0
@@ -266,12 +267,14 @@ class Store:
         return p
 
     def verify(self, vid: str) -> dict:
-        """Check every staged file's SHA-256 against the staged manifest.
+        """Check every staged file's SHA-256 against the staged manifest; first, when the box has an
+        ``allowed_signers`` file, the manifest's signature (:func:`edgehft.signing.check_install_dir`).
 
         Raises:
-            DeployError: naming the files that differ or are missing.
+            DeployError: naming the files that differ or are missing; an unsigned or untrusted bundle.
         """
         path = self.staged(vid)
+        signed = check_install_dir(path, self.root)     # before anything parses the manifest; None: not required
         try:
             b = load_bundle(path, verify=True)
         except BundleError as exc:
@@ -279,11 +282,12 @@ class Store:
                               hint="the transfer or the box's storage corrupted the bundle; deploy again "
                                    "(nothing was switched)") from None
         extra = sorted(str(p.relative_to(path)) for p in path.rglob("*")
-                       if p.is_file() and p.name != MANIFEST and str(p.relative_to(path)) not in b.manifest.files)
+                       if p.is_file() and p.name != MANIFEST and str(p.relative_to(path)) not in b.manifest.files
+                       and str(p.relative_to(path)) != SIGNATURE)
         if extra:
             raise DeployError(f"verification failed on the box: files not in the manifest: {', '.join(extra)}")
         return {"version": vid, "files": len(b.manifest.files) + 1,
-                "manifest_sha256": sha256_file(path / MANIFEST)}
+                "manifest_sha256": sha256_file(path / MANIFEST), "signed_by": signed}
 
     def activate(self, vid: str, keep: int = 3) -> dict:
         """Make ``vid`` the active version: re-verify, move into ``versions/``, swap ``current`` atomically,
@@ -340,6 +344,7 @@ class Store:
             if not path.is_dir():
                 raise DeployError(f"version {target} is not installed on the box",
                                   hint="`edgehft status --host H` lists the versions")
+            check_install_dir(path, self.root, what=f"refusing to roll back to {target}")
             try:
                 load_bundle(path, verify=True)
             except BundleError as exc:

@@ -21,7 +21,8 @@ __all__ = ["open", "Runner"]
 
 
 def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int = 1,
-         affinity: list[int] | None = None, **options) -> Runner:  # noqa: A001 - mirrors builtins.open
+         affinity: list[int] | None = None, require_signature: str | Path | bool | None = None,
+         **options) -> Runner:  # noqa: A001 - mirrors builtins.open
     """Open ``bundle`` on ``board`` (default: the board it was compiled for).
 
     Args:
@@ -29,15 +30,26 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
         board: board name from the catalog; must be the bundle's board.
         threads: interpreter threads (1 for the lowest jitter).
         affinity: CPU ids to pin this process to (``os.sched_setaffinity``), or None to leave it.
+        require_signature: an ``allowed_signers`` file the bundle's ``manifest.json.sig`` must verify
+            against (checked before the manifest is read), or True for the install dir's (the bundle is
+            ``<dir>/current`` or ``<dir>/versions/<vid>``: ``<dir>/allowed_signers``); None/False: no check.
+            See :mod:`edgehft.signing`.
         options: backend-specific (cpu: ``op_resolver`` = ``auto`` | ``builtin`` | ``reference``;
             coral: ``device`` = ``usb`` | ``usb:N`` | ``pci`` | ``pci:N``, ``emulate`` = run the int8 graph
             on this CPU).
     Raises:
-        InputError: ``emulate``/``device`` given for the cpu board.
-        BundleError: malformed bundle, files that do not match the manifest, or a board mismatch.
+        InputError: ``emulate``/``device`` given for the cpu board; a ``require_signature`` file that is
+            not readable, or True for a bundle outside an install dir.
+        BundleError: malformed bundle, files that do not match the manifest, or a board mismatch;
+            :class:`~edgehft.signing.SignatureError` for a missing or untrusted signature.
         BoardUnavailableError: the backend's library or device is missing on this machine.
     """
-    b = load_bundle(bundle.path if isinstance(bundle, Bundle) else bundle, verify=True)
+    path = bundle.path if isinstance(bundle, Bundle) else bundle
+    if require_signature:       # on the resolved path: a `current` swapped meanwhile cannot slip another in
+        from edgehft.signing import require_signature as check_signature
+        path = Path(path).resolve()
+        check_signature(path, require_signature)
+    b = load_bundle(path, verify=True)
     name = board or b.manifest.board
     spec = load_board(name)
     if name != b.manifest.board:
