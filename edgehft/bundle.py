@@ -240,8 +240,8 @@ def _path_problem(rel) -> str | None:
     """Why ``rel`` is not a plain relative path inside a bundle (``a/b.bin``), or None."""
     if not isinstance(rel, str) or not rel:
         return "is empty"
-    if "\x00" in rel or "\\" in rel:
-        return "holds a NUL or a backslash"
+    if "\\" in rel or any(ord(c) < 32 or ord(c) == 127 for c in rel):
+        return "holds a backslash or a control character"
     if rel.startswith("/"):
         return "is an absolute path"
     if any(p in ("", ".", "..") for p in rel.split("/")):
@@ -460,14 +460,14 @@ class Bundle:
             return self.manifest.golden
         try:
             why = str(self.report().get("golden", {}).get("missing") or "")
-        except (BundleError, AttributeError):
+        except (BundleError, AttributeError, ValueError, OSError):      # a damaged report.json: no reason
             why = ""
         if not why:
             raise BundleError(f"bundle {self.path} has no golden vectors", hint="compile it again")
-        raise _err(self.path, f"has no golden vectors, so nothing can check its outputs: compile could not make "
-                              f"them ({' '.join(why.split())[:300].rstrip('.')})",
-                   hint=f"`edgehft report {self.path}` shows the partition and why; deploy a bundle that has "
-                        "golden vectors, or check this model's outputs on the box another way")
+        raise BundleError(f"bundle {self.path} has no golden vectors, so nothing can check its outputs: compile "
+                          f"could not make them ({' '.join(why.split())[:300].rstrip('.')})",
+                          hint=f"`edgehft report {self.path}` shows the partition and why; deploy a bundle that "
+                               "has golden vectors, or check this model's outputs on the box another way")
 
     def golden(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """``(inputs, outputs)`` golden arrays by tensor name, each ``(count, *spec.shape[1:])`` in the spec's
@@ -503,7 +503,8 @@ class Bundle:
             elif got != digest:
                 problems.append(f"{rel} changed (sha256 {got[:12]}…, manifest says {digest[:12]}…)")
         if problems:
-            raise BundleError(f"bundle {self.path} does not match its manifest: " + _joined(problems),
+            msg = f"bundle {self.path} does not match its manifest: " + _joined(problems)
+            raise BundleError(msg.replace("\r", "\\r").replace("\n", "\\n"),
                               hint="the bundle was modified or truncated after compile; compile or copy it again")
         if REPORT not in self.manifest.files and os.path.lexists(self.path / REPORT):
             raise _err(self.path, f"{REPORT} is in the bundle but not listed in its manifest's files")
@@ -625,7 +626,8 @@ def _parse_manifest(path: Path, mpath: Path) -> Manifest:
         raise _err(path, f"{MANIFEST} is a JSON {type(raw).__name__}, not an object",
                    hint="pass the directory that `edgehft compile --out` wrote")
     if raw.get("format") != FORMAT:
-        raise BundleError(f"{mpath} is not an edgehft manifest (format={_short(raw.get('format'))})")
+        raise BundleError(f"{mpath} is not an edgehft manifest (format={_short(raw.get('format'))})",
+                          hint="pass the directory that `edgehft compile --out` wrote")
     fv = raw.get("format_version", 1)
     if isinstance(fv, bool) or not isinstance(fv, int) or fv < 1:
         raise _err(path, f"{MANIFEST} has format_version {_short(fv)}, not an integer from 1 to {FORMAT_VERSION}")
