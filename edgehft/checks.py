@@ -6,9 +6,15 @@ click: this runs on the board.
 """
 from __future__ import annotations
 
+import keyword
+from pathlib import Path, PurePosixPath
+
 import numpy as np
 
-from edgehft.errors import GoldenMismatchError, InputError
+from edgehft.errors import BundleError, GoldenMismatchError, InputError
+
+RUN_FEATURES_HINT = ("pass --run-features to run it (only for a bundle you trust: it is Python code; `edgehft "
+                     "sign` and an allowed_signers file say who made a bundle), or pass windows as .npy/.npz")
 
 
 def check_golden(runner) -> dict:
@@ -52,26 +58,73 @@ def golden_mismatch(result: dict, backend: str) -> GoldenMismatchError:
         + result["expected_path"])
 
 
-def bundle_windows(bundle, ticks):
-    """Windows for ``bundle`` from tick files: ``.npy``/``.npz`` windows, or raw feeds run through the
-    bundle's own feature pipeline (``manifest.features``).
+def bundle_pipeline(bundle):
+    """The bundle's feature pipeline as a :class:`~edgehft.windows.PipelineRef` that runs only the verified
+    bytes of a file inside the bundle, or None when the bundle has none. Nothing is imported here.
+
+    Raises:
+        BundleError: the pipeline is not a plain relative ``.py`` path inside the bundle that the manifest's
+            ``files`` lists (absolute, ``..``, a symlink, a directory, unlisted), it is a module reference
+            (code outside the bundle), or its callable is not a plain Python name.
+    """
+    from edgehft.windows import PipelineRef
+    f = bundle.manifest.features
+    if f is None:
+        return None
+    where = f"bundle {bundle.path}: feature pipeline"
+    if not f.file:
+        raise BundleError(f"{where} {f.callable!r} is a module reference, code outside the bundle; edgehft only "
+                          "runs pipeline code that the bundle carries and its manifest hashes",
+                          hint="compile again with this edgehft (it copies the pipeline's file into the bundle), "
+                               "or pass windows as .npy/.npz")
+    rel = PurePosixPath(f.file)
+    if rel.is_absolute() or "\\" in f.file or not rel.parts or any(p in ("..", ".", "") for p in rel.parts) \
+            or rel.suffix != ".py":
+        raise BundleError(f"{where} file {f.file!r} is not a relative .py path inside the bundle",
+                          hint="the manifest was edited; compile the bundle again")
+    if f.file not in bundle.manifest.files:
+        raise BundleError(f"{where} file {f.file} is not listed in the manifest's files, so nothing verifies it",
+                          hint="the manifest was edited; compile the bundle again")
+    path = Path(bundle.path) / f.file
+    if path.is_symlink() or not path.is_file():
+        raise BundleError(f"{where} file {f.file} is a symlink or not a regular file",
+                          hint="copy the bundle without symlinks (cp -rL, or edgehft deploy)")
+    if not f.callable.isidentifier() or keyword.iskeyword(f.callable):
+        raise BundleError(f"{where} callable {f.callable!r} is not a function name",
+                          hint="the manifest was edited; compile the bundle again")
+    return PipelineRef(f"{f.file}:{f.callable}", path, None, f.callable, sha256=bundle.manifest.files[f.file])
+
+
+def bundle_windows(bundle, ticks, run_features: bool = False):
+    """Windows for ``bundle`` from tick files: ``.npy``/``.npz`` windows, or (only with ``run_features``)
+    raw feeds run through the bundle's own feature pipeline (:func:`bundle_pipeline`).
 
     Returns:
         :class:`edgehft.windows.Windows` with ``x`` (N, *input_shape[1:]) float32 and ``t_ns`` (N,) int64
         receive times, or None when the file has no timestamps.
     Raises:
-        InputError: unreadable ticks, or windows whose shape is not the model's input shape.
+        InputError: unreadable ticks, a raw feed without ``run_features`` or without a pipeline in the
+            bundle, or windows whose shape is not the model's input shape.
+        BundleError: the bundle's pipeline is not a verified file inside it (see :func:`bundle_pipeline`).
     """
-    from edgehft.windows import load_windows, parse_pipeline
+    from edgehft.windows import load_windows
+    feeds = [str(t) for t in ticks if Path(t).suffix not in (".npy", ".npz")]
     pipeline = None
-    f = bundle.manifest.features
-    if f is not None:
-        pipeline = parse_pipeline(f"{bundle.path / f.file}:{f.callable}") if f.file else parse_pipeline(f.callable)
+    if feeds:
+        if not run_features:
+            what = bundle.manifest.features
+            runs = f"the bundle's feature pipeline {what.file or what.callable}" if what else "a feature pipeline"
+            raise InputError(f"{feeds[0]} is a raw feed: making windows from it runs {runs} (Python code from "
+                             "the bundle), which edgehft does only when asked", hint=RUN_FEATURES_HINT)
+        pipeline = bundle_pipeline(bundle)
+        if pipeline is None:
+            raise InputError(f"{feeds[0]} is a raw feed file and the bundle carries no feature pipeline",
+                             hint="pass windows as .npy/.npz, or compile the model with --features file.py:function")
     w = load_windows(list(ticks), pipeline)
     want = tuple(bundle.manifest.inputs[0].shape[1:])
     if tuple(w.x.shape[1:]) != want:
         raise InputError(f"windows from {', '.join(w.source)} have shape {tuple(w.x.shape)}; the model takes "
                          f"(N, {', '.join(map(str, want))})",
                          hint="a tick file holds windows (N, *input_shape), or is a raw feed for the bundle's "
-                              "feature pipeline")
+                              "feature pipeline (with --run-features)")
     return w

@@ -127,8 +127,11 @@ def _open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_
 
 
 ticks_opt = click.option("--ticks", "ticks", multiple=True, type=click.Path(exists=True, dir_okay=False),
-                         help="Windows (.npy/.npz) or raw feed files for the bundle's feature pipeline; "
-                              "repeat for several files, read as one stream.")
+                         help="Windows (.npy/.npz) or raw feed files for the bundle's feature pipeline "
+                              "(with --run-features); repeat for several files, read as one stream.")
+run_features_opt = click.option("--run-features", is_flag=True,
+                                help="Make windows from raw feed files with the bundle's feature pipeline: Python "
+                                     "code shipped in the bundle (hash-checked). Only for bundles you trust.")
 
 
 def _affinity(text: str | None) -> list[int] | None:
@@ -214,7 +217,7 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
                   else "taken as is (no calibration)")
     extra = f", compiled: {', '.join(m.artifacts.values())}" if m.artifacts else ""
     out.print(f"bundle [bold]{res.bundle.path}[/]: board {m.board}, {m.quantization.mode}, {calib_text}, "
-              f"{m.golden.count} golden vectors{extra}")
+              f"{m.golden.count if m.golden else '[bold yellow]NO[/]'} golden vectors{extra}")
     if signature:
         out.print(f"signed: {signature['signature']} ({signature['key']}, namespace {signature['namespace']})",
                   highlight=False, soft_wrap=True)
@@ -234,16 +237,21 @@ def _sign_compiled(bundle_path, key) -> dict:
 @main.command("run")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @ticks_opt
+@run_features_opt
 @click.option("--golden", is_flag=True, help="Run the bundle's golden vectors and compare (exit 8 on mismatch).")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=0),
               help="Predictions to print (0: all).")
 @runner_opts
 @json_opt
 @handles_errors
-def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, emulate, device, overlay, as_json):
+def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity, emulate, device, overlay,
+            as_json):
     """Print predictions for TICKS, or check the golden vectors with --golden."""
     if not ticks and not golden:
         raise click.UsageError("give --ticks FILE or --golden")
+    if golden:                       # a bundle without golden vectors says so before any runtime opens it
+        from edgehft.bundle import load_bundle
+        load_bundle(bundle, verify=False).require_golden()
     with _open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
         if golden:
             result = check_golden(r)
@@ -258,7 +266,7 @@ def run_cmd(bundle, ticks, golden, limit, board, threads, affinity, emulate, dev
             if not result["ok"]:
                 raise golden_mismatch(result, r.describe().get("backend", ""))
             return
-        w = bundle_windows(r.bundle, ticks)
+        w = bundle_windows(r.bundle, ticks, run_features=run_features)
         n = len(w) if limit == 0 else min(limit, len(w))
         names = [o.name for o in r.bundle.manifest.outputs]
         rows = []
@@ -291,6 +299,7 @@ def _say_emulated(runner, as_json: bool) -> None:
 @main.command("bench")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
 @ticks_opt
+@run_features_opt
 @click.option("--replay", "mode", type=click.Choice(["max", "recorded", "burst"]), default="max",
               show_default=True, help="Back to back, at the recorded inter-arrival times, or in bursts.")
 @click.option("--warmup", default=200, show_default=True, type=click.IntRange(min=0),
@@ -311,18 +320,20 @@ def _say_emulated(runner, as_json: bool) -> None:
 @runner_opts
 @json_opt
 @handles_errors
-def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, profile, top, board,
-              threads, affinity, emulate, device, overlay, as_json):
+def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, profile, top,
+              board, threads, affinity, emulate, device, overlay, as_json):
     """Replay real ticks through BUNDLE and print latency percentiles in µs (or, with --profile, time per op)."""
     from edgehft.bench.fingerprint import machine_fingerprint
-    from edgehft.bench.replay import histogram_png, replay
+    from edgehft.bench.replay import check_plot_target, histogram_png, replay
+    if plot:
+        check_plot_target(plot)
     if profile:
-        return _profile(bundle, ticks, warmup, samples, top, board, threads, affinity, emulate, device, overlay,
-                        as_json)
+        return _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate,
+                        device, overlay, as_json)
     if not ticks:
         raise click.UsageError("give --ticks FILE")
     with _open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
-        w = bundle_windows(r.bundle, ticks)
+        w = bundle_windows(r.bundle, ticks, run_features=run_features)
         x = np.ascontiguousarray(w.x, dtype=np.float32)
         res = replay(r.predict, x, w.t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,
                      burst_size=burst_size, burst_gap_us=burst_gap_us)
@@ -339,11 +350,13 @@ def bench_cmd(bundle, ticks, mode, warmup, samples, speed, burst_size, burst_gap
     print_bench(report)
 
 
-def _profile(bundle, ticks, warmup, samples, top, board, threads, affinity, emulate, device, overlay, as_json):
+def _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate, device, overlay,
+             as_json):
     from edgehft.bench.fingerprint import machine_fingerprint
     from edgehft.bench.profile import print_profile, profile_runner
     with _open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
-        x = np.ascontiguousarray(bundle_windows(r.bundle, ticks).x, dtype=np.float32) if ticks else None
+        x = (np.ascontiguousarray(bundle_windows(r.bundle, ticks, run_features=run_features).x, dtype=np.float32)
+             if ticks else None)
         res = profile_runner(r, x, rounds=samples or 200, warmup=min(warmup, 50))
         res.update(bundle=str(r.bundle.path), runner=r.describe(), fingerprint=machine_fingerprint())
     if as_json:
@@ -371,6 +384,10 @@ def print_bench(report: dict) -> None:
                 ok = got <= budget[key]
                 verdicts.append(f"{key} {got:.0f} vs {budget[key]:.0f} µs " + ("[green]within[/]" if ok else "[red]OVER[/]"))
         out.print(f"board budget ({report['runner']['board']}): " + "; ".join(verdicts))
+    if report.get("gaps_capped"):
+        g = report["gaps_capped"]
+        out.print(f"note: {g['count']} recorded gap(s) longer than {g['cap_s']:g} s (the longest {g['largest_s']:,.3g} s) "
+                  f"were replayed as {g['cap_s']:g} s")
     if report.get("start_delay_us"):
         d = report["start_delay_us"]
         out.print(f"start delay behind the recorded tick time: p50 {d['p50']:.1f} µs, p99 {d['p99']:.1f} µs")

@@ -7,7 +7,10 @@ mkdir -p build
 .venv/bin/edgehft compile examples/deeplob/deeplob.keras --board cpu \
     --calib $D/btcusd_perp_20240808_depth.gz --out build/deeplob.cpu
 .venv/bin/edgehft run build/deeplob.cpu --golden
-.venv/bin/edgehft run build/deeplob.cpu --ticks $D/btcusd_perp_20240808_depth.gz \
+# The feeds are raw captures: --run-features lets the bundle's own feature pipeline (features/features.py, a
+# hash-checked copy of examples/deeplob/features.py) turn them into windows. Without it edgehft runs no code
+# from a bundle and takes only .npy/.npz windows.
+.venv/bin/edgehft run build/deeplob.cpu --run-features --ticks $D/btcusd_perp_20240808_depth.gz \
     --ticks $D/btcusd_perp_20240809_depth.gz --limit 5
-.venv/bin/edgehft bench build/deeplob.cpu --ticks $D/btcusd_perp_20240808_depth.gz \
+.venv/bin/edgehft bench build/deeplob.cpu --run-features --ticks $D/btcusd_perp_20240808_depth.gz \
     --ticks $D/btcusd_perp_20240809_depth.gz --samples 5000 --affinity 0 --plot build/deeplob_latency.png

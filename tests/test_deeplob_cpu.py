@@ -70,8 +70,8 @@ def test_tampered_bundle_is_refused(deeplob_bundle, tmp_path):
 
 
 def test_run_prints_predictions_from_raw_feed(deeplob_bundle, deeplob_windows):
-    res = CliRunner().invoke(main, ["run", str(deeplob_bundle), "--ticks", str(FEED_DAY1), "--limit", "4",
-                                    "--json"])
+    res = CliRunner().invoke(main, ["run", str(deeplob_bundle), "--run-features", "--ticks", str(FEED_DAY1),
+                                    "--limit", "4", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output.strip().splitlines()[-1])
     assert out["windows"] == 26725 and len(out["predictions"]) == 4
@@ -86,7 +86,8 @@ def test_run_prints_predictions_from_raw_feed(deeplob_bundle, deeplob_windows):
                                         ("burst", ["--burst-size", "8"])])
 def test_bench_reports_percentiles(deeplob_bundle, tmp_path, mode, extra):
     png = tmp_path / "lat.png"
-    res = CliRunner().invoke(main, ["bench", str(deeplob_bundle), "--ticks", str(FEED_DAY1), "--replay", mode,
+    res = CliRunner().invoke(main, ["bench", str(deeplob_bundle), "--run-features", "--ticks", str(FEED_DAY1),
+                                    "--replay", mode,
                                     "--warmup", "10", "--samples", "40", "--plot", str(png), "--json", *extra])
     assert res.exit_code == 0, res.output
     rep = json.loads(res.output.strip().splitlines()[-1])

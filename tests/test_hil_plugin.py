@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import DEEPLOB, FEED_DAY1, ROOT
-from edgehft.bundle import sha256_file
+from edgehft.bundle import load_bundle, sha256_file
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow
@@ -41,8 +41,9 @@ def windows_npz(deeplob_windows, tmp_path_factory) -> Path:
 
 
 def test_golden_and_latency_pass_from_a_directory_without_tests(hil, deeplob_bundle, tmp_path):
-    """No ticks: the latency check replays the bundle's calibration feed at its recorded inter-arrival
-    times (the manifest names it and it is still there); a budget of 1e9 µs cannot be missed."""
+    """No ticks: the latency check replays the bundle's golden inputs back to back, although the calibration
+    feed the manifest names is still on this machine (a bundle's paths are never read); a budget of 1e9 µs
+    cannot be missed."""
     n = golden_count(deeplob_bundle)
     out = tmp_path / "hil.json"
     r = hil("--edgehft-board=cpu", f"--edgehft-bundle={deeplob_bundle}", *FAST,
@@ -51,12 +52,14 @@ def test_golden_and_latency_pass_from_a_directory_without_tests(hil, deeplob_bun
     text = r.stdout.str()
     assert "edgehft hardware-in-the-loop" in text
     assert f"{n}/{n} golden vectors bit-exact" in text
-    assert "100 calls at recorded inter-arrival times from the calibration feed btcusd_perp_20240808_depth.gz" in text
+    assert f"100 calls back to back over the bundle's {n} golden inputs; NOT the feed's timing" in text
     rep = json.loads(out.read_text())
     g, lat = rep["checks"]["golden"], rep["checks"]["latency"]
     assert (g["ok"], g["matched"], g["count"], g["compare"], g["max_diff"]) == (True, n, n, "exact", 0.0)
-    assert lat["ok"] is True and lat["samples"] == 100 and lat["mode"] == "recorded"
-    assert lat["source"]["kind"] == "calibration-feed" and lat["source"]["files"] == [str(FEED_DAY1)]
+    assert lat["ok"] is True and lat["samples"] == 100 and lat["mode"] == "max"
+    assert lat["source"]["kind"] == "golden" and lat["source"]["files"] == []
+    assert load_bundle(deeplob_bundle).manifest.quantization.calibration_source == [str(FEED_DAY1)]
+    assert FEED_DAY1.is_file()
     assert lat["budget_us"] == {"p99": 1e9, "p999": 1e9} and lat["budget_from"] == "options"
     assert 0 < lat["latency_us"]["p50"] <= lat["latency_us"]["p99"] <= lat["latency_us"]["p99.9"]
     assert rep["target"]["interpreter"].startswith("ai-edge-litert") and rep["emulated"] is False

@@ -4,7 +4,9 @@ Modes: ``max`` back to back; ``recorded`` at the capture's inter-arrival times (
 ``speed``), each call starting when its tick is due; ``burst`` groups of ``burst_size`` back-to-back
 calls separated by ``burst_gap_us`` of idle time (caches and branch predictors go cold in the gap).
 Latency is the duration of the ``predict`` call; for ``recorded`` the start delay behind the due time
-is reported too (it is non-zero when the model cannot keep up).
+is reported too (it is non-zero when the model cannot keep up). A recorded gap longer than
+:data:`MAX_GAP_S` (after ``speed``: a weekend, a capture restart, a forged timestamp) is replayed as
+``MAX_GAP_S`` and the result says how many were capped and the largest.
 """
 from __future__ import annotations
 
@@ -18,6 +20,26 @@ from edgehft.errors import InputError
 
 MODES = ("max", "recorded", "burst")
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+MAX_GAP_S = 1.0           # longest idle time replayed between two ticks; caches are as cold after 1 s as after a day
+
+
+def recorded_gaps(t_ns: np.ndarray, speed: float = 1.0) -> tuple[np.ndarray, dict | None]:
+    """The wait before each tick: ``t_ns[i] - t_ns[i-1]`` divided by ``speed`` (0 for the first and for
+    times that do not advance), each at most :data:`MAX_GAP_S`.
+
+    Args:
+        t_ns: (N,) int64 receive times, ns.
+    Returns:
+        ``(gaps, capped)``: (N,) int64 ns, and None or ``{"count", "largest_s", "cap_s"}`` when gaps were cut.
+    """
+    t = np.asarray(t_ns, dtype=np.int64)
+    gaps = np.clip(np.diff(t, prepend=t[:1]), 0, None).astype(np.float64) / speed
+    cap = MAX_GAP_S * 1e9
+    capped = None
+    if len(gaps) and gaps.max() > cap:
+        capped = {"count": int((gaps > cap).sum()), "largest_s": float(gaps.max() / 1e9), "cap_s": MAX_GAP_S}
+        gaps = np.minimum(gaps, cap)
+    return gaps.astype(np.int64), capped
 
 
 @dataclass
@@ -26,11 +48,13 @@ class ReplayResult:
     latency_ns: np.ndarray           # (samples,) int64, after warm-up
     start_delay_ns: np.ndarray | None
     warmup: int
+    gaps_capped: dict | None = None  # recorded: {"count", "largest_s", "cap_s"} when long gaps were cut
 
     def summary(self) -> dict:
         return {"mode": self.mode, "samples": int(len(self.latency_ns)), "warmup": self.warmup,
                 "latency_us": summarize_us(self.latency_ns),
-                "start_delay_us": summarize_us(self.start_delay_ns) if self.start_delay_ns is not None else None}
+                "start_delay_us": summarize_us(self.start_delay_ns) if self.start_delay_ns is not None else None,
+                "gaps_capped": self.gaps_capped}
 
 
 def summarize_us(ns: np.ndarray) -> dict:
@@ -68,9 +92,9 @@ def replay(predict, windows: np.ndarray, t_ns: np.ndarray | None = None, mode: s
     total = warmup + samples
     lat = np.empty(total, dtype=np.int64)
     delay = np.zeros(total, dtype=np.int64) if mode == "recorded" else None
+    capped = None
     if mode == "recorded":
-        gaps = np.diff(np.asarray(t_ns, dtype=np.int64), prepend=int(t_ns[0]))
-        gaps = np.clip(gaps, 0, None) / speed
+        gaps, capped = recorded_gaps(t_ns, speed)
     perf = time.perf_counter_ns
     gc_was = gc.isenabled()
     gc.disable()
@@ -92,7 +116,27 @@ def replay(predict, windows: np.ndarray, t_ns: np.ndarray | None = None, mode: s
     finally:
         if gc_was:
             gc.enable()
-    return ReplayResult(mode, lat[warmup:], delay[warmup:] if delay is not None else None, warmup)
+    return ReplayResult(mode, lat[warmup:], delay[warmup:] if delay is not None else None, warmup, capped)
+
+
+def check_plot_target(path: str) -> None:
+    """Fail before a benchmark, not after it, when its ``--plot`` PNG cannot be written: no matplotlib, a
+    missing or read-only directory, or a directory where the file should be.
+
+    Raises:
+        InputError: naming the path and how to fix it.
+    """
+    import importlib.util
+    import os
+    from pathlib import Path
+    if importlib.util.find_spec("matplotlib") is None:
+        raise InputError("--plot needs matplotlib", hint="pip install 'edgehft[bench]'")
+    target = Path(path)
+    parent = target.resolve().parent
+    if not parent.is_dir():
+        raise InputError(f"--plot {path}: the directory {parent} does not exist", hint=f"mkdir -p {parent}")
+    if target.is_dir() or not os.access(parent, os.W_OK):
+        raise InputError(f"--plot {path}: cannot write a file there", hint="give a writable PNG file path")
 
 
 def histogram_png(result: ReplayResult, path: str, title: str) -> None:

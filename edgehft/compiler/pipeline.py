@@ -16,11 +16,11 @@ import numpy as np
 
 from edgehft import __version__
 from edgehft.boards import load_board
-from edgehft.bundle import (FORMAT_VERSION_FOR_PLAN, Bundle, Features, Golden, Manifest, Quantization, SourceModel,
+from edgehft.bundle import (FORMAT_VERSION_FOR_PLAN, Bundle, Features, Manifest, Quantization, SourceModel,
                             TensorSpec, sha256_arrays, sha256_file, write_bundle)
 from edgehft.compiler import coral
 from edgehft.compiler.drift import measure_drift
-from edgehft.compiler.golden import golden_npz, reference_kernel_diff, run_golden
+from edgehft.compiler.golden import golden_record, run_golden
 from edgehft.compiler.isolate import run_worker
 from edgehft.errors import DriftError, InputError, LoweringError
 from edgehft.ir import TFLiteModel
@@ -212,7 +212,6 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
             r = _evaluate(model_file, quant, work / "draft", **ev)
         ir, inputs, outputs, manifest, draft, gold, drift = (r[k] for k in (
             "ir", "inputs", "outputs", "manifest", "draft", "gold", "drift"))
-        ref_diff = reference_kernel_diff(draft, board, gold.inputs, gold.outputs)
         if drift is not None and not drift.passed:
             worst = max(drift.outputs, key=lambda o: o.mae_rel)
             msg = (f"drift over the gate: output {worst.name!r} relative MAE {worst.mae_rel:.2%} > "
@@ -221,18 +220,9 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                 raise DriftError(msg + "; nothing was written",
                                  hint="calibrate on more representative ticks, or try --quant dynamic/fp16")
             warnings.append(msg)
-        g = len(gold.inputs[0])
-        integer = all(np.dtype(o.dtype).kind in "iu" for o in outputs)
-        # Float outputs: another kernel path (a box whose CPU has other SIMD units) may differ from the golden
-        # path as much as LiteRT's own reference kernels do here; twice that, at least 1e-5, is the tolerance.
-        atol = 0.0 if integer else max(1e-5, 2 * float(ref_diff.get("max_diff_vs_reference_kernels") or 0.0))
-        manifest.golden = Golden(count=g, reference_path=gold.path, compare="exact" if integer else "allclose",
-                                 atol=atol)
+        manifest.golden, golden, golden_files = golden_record(draft, board, gold, inputs, outputs)
         manifest.format_version = FORMAT_VERSION_FOR_PLAN.get(quant, 1)
-        golden = {"count": g, "reference_path": gold.path, "inputs": gold.source,
-                  "inputs_sha256": sha256_arrays(*gold.inputs), **ref_diff}
-        files: dict[str, bytes | Path] = {"model.tflite": model_file, "golden.npz": golden_npz(
-            inputs, outputs, gold.inputs, gold.outputs)}
+        files: dict[str, bytes | Path] = {"model.tflite": model_file, **golden_files}
         manifest.toolchain = {**info["versions"], "edgehft": __version__, "interpreter": gold.path,
                               "python": platform.python_version()}
         if board.backend == "coral":
@@ -240,12 +230,9 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                                       compiled_model=opts.edgetpu_model, say=say)
             report = stage.report
             report.drift, report.golden = drift, golden
-            report.notes.append(
-                f"golden outputs come from the int8 graph on {gold.path}. --emulate reproduces them exactly; on "
-                "a real Edge TPU `run --golden` compares them bit for bit with the TPU's outputs, and the TPU's "
-                "int8 arithmetic is not guaranteed to equal LiteRT's (LiteRT's own kernel paths differ by "
-                f"{ref_diff['max_diff_vs_reference_kernels']:g} LSB here): a mismatch there measures that "
-                "difference (not yet measured on hardware)")
+            golden_notes, golden_warnings = coral.golden_notes(golden)
+            report.notes += golden_notes
+            warnings += golden_warnings
             files.update(stage.files)
             manifest.artifacts, manifest.accelerator = stage.artifacts, stage.accelerator
             manifest.toolchain.update(stage.toolchain)
@@ -280,7 +267,7 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
         if drift is None:
             report.notes.append("no drift figures: the model came quantized (.tflite), so there is no float "
                                 "reference to compare with")
-        _attach_features(manifest, files, pipeline)
+        _attach_features(manifest, files, pipeline, warnings)
         say("write bundle")
         bundle = write_bundle(out, manifest, files, report=report.model_dump())
     return CompileResult(bundle, report, warnings)
@@ -389,9 +376,9 @@ def _evaluate(model_file: Path, quant: str, where: Path, *, model, info, board, 
             (where / rel).write_bytes(data)
         manifest.artifacts["native"] = NATIVE_JSON
     draft = Bundle(where, manifest)
-    gold = run_golden(draft, board, held, opts.golden_count, opts.seed)
+    gold = run_golden(draft, board, held, opts.golden_count, opts.seed, allow_missing=board.backend == "coral")
     drift = None
-    if float_outs is not None:
+    if float_outs is not None and gold.missing is None:
         drift = measure_drift(float_outs, gold.dequantized, [o.name for o in outputs],
                               [_is_classifier(ir, o.index) for o in outputs], opts.drift_threshold,
                               reference=f"Keras float model ({info['flavour']})",
@@ -416,21 +403,26 @@ def _jetson_bundle(model, info, quant, board, held, float_outs, cal, source, pip
                           "tensorrt_predicted_for": board.tensorrt["version"]}
     manifest.accelerator = {"onnx": info["onnx"], "engine": "built on the board (not portable)"}
     files = dict(st.files)
-    _attach_features(manifest, files, pipeline)
+    _attach_features(manifest, files, pipeline, st.warnings)
     say("write bundle")
     bundle = write_bundle(out, manifest, files, report=st.report.model_dump())
     return CompileResult(bundle, st.report, st.warnings)
 
 
-def _attach_features(manifest: Manifest, files: dict, pipeline) -> None:
-    """The model's feature pipeline goes with the bundle: a copy of its file, or its module reference."""
+def _attach_features(manifest: Manifest, files: dict, pipeline, warnings: list | None = None) -> None:
+    """The model's feature pipeline goes with the bundle as a copy of its one source file (a module pipeline
+    too: boxes run only code the bundle carries and hashes). A module that is not one plain ``.py`` file
+    (a package, an extension) is left out, with a warning."""
     if pipeline is None:
         return
-    if pipeline.file is not None:
-        files[f"features/{pipeline.file.name}"] = pipeline.file
-        manifest.features = Features(file=f"features/{pipeline.file.name}", callable=pipeline.callable)
-    else:
-        manifest.features = Features(file="", callable=pipeline.spec)
+    src = pipeline.source_file()
+    if src is None:
+        if warnings is not None:
+            warnings.append(f"feature pipeline {pipeline.spec} is not one .py file, so the bundle carries none: "
+                            "replaying raw feeds from the bundle needs .npy/.npz windows instead")
+        return
+    files[f"features/{src.name}"] = src
+    manifest.features = Features(file=f"features/{src.name}", callable=pipeline.callable)
 
 
 def _load_calib(calib, pipeline, keep_int: bool = False) -> tuple[np.ndarray, list[str]]:
@@ -470,12 +462,19 @@ def _take_tflite(model: Path, x, board, opts):
             raise InputError(f"--calib windows have shape {x.shape[1:]}; {model.name} takes {want}"
                              + (f" and {len(g.inputs)} inputs" if len(g.inputs) != 1 else ""),
                              hint="give windows of the model's input shape, or no --calib (random golden inputs)")
-    names = [g.tensors[i].name.split(":")[0] for i in g.inputs]
+    names = _io_names(g, g.inputs)
     info = {"flavour": "tflite", "lowering": "as-is (already quantized .tflite)", "input_names": names,
-            "output_names": [g.tensors[i].name.split(":")[0] for i in g.outputs], "layers": [],
+            "output_names": _io_names(g, g.outputs), "layers": [],
             "versions": {}}
     held = x[:opts.drift_windows] if x is not None else None
     return model, info, None, held, None, mode
+
+
+def _io_names(g, indices) -> list[str]:
+    """Input/output names of a .tflite: tensor names without their ``:N`` suffix, except where that would make
+    two equal (PoseNet's outputs are poses, poses:1, poses:2, poses:3): those keep their full names."""
+    short = [g.tensors[i].name.split(":")[0] for i in indices]
+    return [s if short.count(s) == 1 else g.tensors[i].name for s, i in zip(short, indices)]
 
 
 def _model_sha(model: Path) -> str:

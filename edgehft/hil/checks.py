@@ -9,27 +9,27 @@ agent sends the dict back (remote target). No pytest, no TensorFlow: this runs o
   ``[latency_budget_us]``.
 - :func:`soak`: minutes of replay; p50/p99 and resident memory per interval, p99 drift and memory growth.
 
-Where the replayed windows and their timing come from (:func:`replay_source`), in this order:
-1. the tick files given (``.npz`` with ``t_ns``, or raw feeds through the bundle's feature pipeline:
-   recorded inter-arrival times; ``.npy`` windows have no times and are replayed back to back);
-2. the bundle's calibration feed (``manifest.quantization.calibration_source``) when those files are
-   still where compile read them and yield timestamps: real inter-arrival times of the team's own feed;
-3. the bundle's golden inputs, back to back. Those carry no tick times, so the result says the timing
-   is not the feed's.
-Each result's ``source`` says which one ran.
+Where the replayed windows and their timing come from (:func:`replay_source`):
+1. the tick files given: ``.npz`` with ``t_ns`` (recorded inter-arrival times), ``.npy`` windows (no
+   times: back to back), or raw feeds through the bundle's feature pipeline, which is Python code from
+   the bundle and runs only with ``run_features=True`` (``--edgehft-run-features``) given by the person
+   running the checks;
+2. otherwise the bundle's golden inputs, back to back. Those carry no tick times, so the result says the
+   timing is not the feed's.
+Each result's ``source`` says which one ran. The checks never open a path named inside the bundle's
+manifest (e.g. its calibration feed) on the machine they run on: a bundle is untrusted input on a box.
 """
 from __future__ import annotations
 
 import gc
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 
 from edgehft import checks as _checks
-from edgehft.bench.replay import _spin_until, replay, summarize_us
-from edgehft.errors import EdgeHFTError, InputError
+from edgehft.bench.replay import _spin_until, recorded_gaps, replay, summarize_us
+from edgehft.errors import InputError
 
 SAMPLES = 2000          # timed calls for the latency check
 WARMUP = 100            # untimed calls before timing starts
@@ -67,22 +67,24 @@ def _first(w, limit: int | None):
     return (np.array(w.x[:limit], np.float32), None if w.t_ns is None else np.array(w.t_ns[:limit]))
 
 
-def replay_source(runner, ticks: list[str] | None = None,
-                  limit: int | None = None) -> tuple[np.ndarray | list, np.ndarray | None, dict]:
+def replay_source(runner, ticks: list[str] | None = None, limit: int | None = None,
+                  run_features: bool = False) -> tuple[np.ndarray | list, np.ndarray | None, dict]:
     """Windows to replay and their tick times, in the order given in the module docstring; from tick
     files, at most the first ``limit`` windows are kept.
 
     Returns:
         ``(x, t_ns, source)``: ``x`` (N, *input_shape[1:]) float32 windows (or the golden inputs in their
         raw dtype; a list of arrays for multi-input models), ``t_ns`` (N,) int64 receive times or None,
-        ``source`` a JSON dict: ``kind`` (``ticks`` | ``calibration-feed`` | ``golden``), ``files``,
+        ``source`` a JSON dict: ``kind`` (``ticks`` | ``golden``), ``files``,
         ``windows`` (N), ``windows_total`` (before the limit), ``timing`` (``recorded`` | ``back-to-back``), ``note``.
     Raises:
-        InputError: unreadable tick files or windows of the wrong shape (only for ``ticks`` given).
+        InputError: unreadable tick files, windows of the wrong shape, a raw feed without
+            ``run_features`` (only for ``ticks`` given).
+        BundleError: ``run_features`` and the bundle's pipeline is not a verified file inside it.
     """
     bundle = runner.bundle
     if ticks:
-        w = _checks.bundle_windows(bundle, [str(t) for t in ticks])
+        w = _checks.bundle_windows(bundle, [str(t) for t in ticks], run_features=run_features)
         timed = w.t_ns is not None
         x, t_ns = _first(w, limit)
         return (x, t_ns,
@@ -90,26 +92,13 @@ def replay_source(runner, ticks: list[str] | None = None,
                  "recorded" if timed else "back-to-back",
                  "note": "" if timed else "the tick files carry no timestamps (an .npz with t_ns, or a raw "
                                           "feed through the feature pipeline, does)"})
-    cal = [Path(p) for p in bundle.manifest.quantization.calibration_source]
-    if cal and all(p.is_file() for p in cal):
-        try:
-            w = _checks.bundle_windows(bundle, [str(p) for p in cal])
-        except EdgeHFTError:
-            w = None
-        if w is not None and w.t_ns is not None:
-            x, t_ns = _first(w, limit)
-            return (x, t_ns,
-                    {"kind": "calibration-feed", "files": [str(p) for p in cal], "windows": len(x), "windows_total": len(w),
-                     "timing": "recorded",
-                     "note": "the feed the bundle was calibrated on (manifest quantization.calibration_source); "
-                             "pass tick files to replay another"})
     ins, _ = bundle.golden()
     names = [s.name for s in bundle.manifest.inputs]
     x = ins[names[0]] if len(names) == 1 else [ins[k] for k in names]
     n = len(ins[names[0]])
     return (x, None, {"kind": "golden", "files": [], "windows": n, "windows_total": n, "timing": "back-to-back",
-                      "note": f"no tick file with timestamps: the bundle's {n} golden inputs back to back, which is "
-                              "not the feed's timing; pass tick files (a raw feed or an .npz with t_ns)"})
+                      "note": f"no tick files given: the bundle's {n} golden inputs back to back, which is not the "
+                              "feed's timing; pass tick files (an .npz with t_ns, or a raw feed with run_features)"})
 
 
 def _predict_fn(runner, x):
@@ -130,7 +119,8 @@ def _budget(runner, budget_p99, budget_p999) -> tuple[dict, str]:
 
 
 def latency(runner, ticks: list[str] | None = None, samples: int = SAMPLES, warmup: int = WARMUP,
-            speed: float = 1.0, budget_p99: float | None = None, budget_p999: float | None = None) -> dict:
+            speed: float = 1.0, budget_p99: float | None = None, budget_p999: float | None = None,
+            run_features: bool = False) -> dict:
     """Time ``runner.predict`` on replayed windows and hold p99 and p99.9 (µs) to the latency budget.
 
     Windows come from :func:`replay_source`; with tick times the calls start at the recorded
@@ -150,7 +140,7 @@ def latency(runner, ticks: list[str] | None = None, samples: int = SAMPLES, warm
     if samples < 1 or warmup < 0 or not speed > 0:
         raise InputError(f"latency check: samples {samples}, warmup {warmup}, speed {speed}",
                          hint="samples >= 1, warmup >= 0, speed > 0")
-    x, t_ns, source = replay_source(runner, ticks, limit=warmup + samples)
+    x, t_ns, source = replay_source(runner, ticks, limit=warmup + samples, run_features=run_features)
     predict, windows = _predict_fn(runner, x)
     mode = "recorded" if t_ns is not None else "max"
     res = replay(predict, windows, t_ns, mode=mode, warmup=warmup, samples=samples, speed=speed)
@@ -171,7 +161,7 @@ def latency(runner, ticks: list[str] | None = None, samples: int = SAMPLES, warm
             "speed": speed if mode == "recorded" else None, "latency_us": lat,
             "start_delay_us": summarize_us(res.start_delay_ns) if res.start_delay_ns is not None else None,
             "budget_us": budget, "budget_from": budget_from, "verdicts": verdicts, "not_judged": not_judged,
-            "source": source, **_runner_info(runner)}
+            "gaps_capped": res.gaps_capped, "source": source, **_runner_info(runner)}
 
 
 def rss_bytes() -> tuple[int, str]:
@@ -189,7 +179,7 @@ def rss_bytes() -> tuple[int, str]:
 
 def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int = SOAK_INTERVALS,
          warmup: int = WARMUP, speed: float = 1.0, max_p99_drift: float = SOAK_MAX_P99_DRIFT,
-         max_rss_growth_mb: float = SOAK_MAX_RSS_GROWTH_MB) -> dict:
+         max_rss_growth_mb: float = SOAK_MAX_RSS_GROWTH_MB, run_features: bool = False) -> dict:
     """Replay windows for ``minutes`` (recorded inter-arrival times when the source has them, else back to
     back; the first :data:`SOAK_WINDOWS` windows, cycled) and record, per interval of ``minutes / intervals``: calls, p50/p99 of ``predict`` (µs)
     and resident memory at the interval's end (after a ``gc.collect()``; the garbage collector is off
@@ -208,13 +198,10 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
     if not minutes > 0 or intervals < 2 or not speed > 0 or warmup < 0:
         raise InputError(f"soak: minutes {minutes}, intervals {intervals}, speed {speed}, warmup {warmup}",
                          hint="minutes > 0, intervals >= 2, speed > 0, warmup >= 0")
-    x, t_ns, source = replay_source(runner, ticks, limit=SOAK_WINDOWS)
+    x, t_ns, source = replay_source(runner, ticks, limit=SOAK_WINDOWS, run_features=run_features)
     predict, windows = _predict_fn(runner, x)
     n = len(windows)
-    gaps = None
-    if t_ns is not None:
-        gaps = (np.clip(np.diff(np.asarray(t_ns, np.int64), prepend=int(t_ns[0])), 0, None) / speed).astype(np.int64)
-        gaps[0] = 0
+    gaps, capped = recorded_gaps(t_ns, speed) if t_ns is not None else (None, None)
     lat = np.ones(_SOAK_CAP, np.int64)       # touched now, so its pages count before the first reading
     for i in range(warmup):
         predict(windows[i % n])
@@ -273,4 +260,4 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
             "intervals": rows, "p99_drift": drift, "rss_growth_bytes": int(growth), "rss_kind": rss_kind,
             "max_p99_drift": max_p99_drift, "max_rss_growth_mb": max_rss_growth_mb, "failures": failures,
             "mode": "recorded" if gaps is not None else "max", "speed": speed if gaps is not None else None,
-            "source": source, **_runner_info(runner)}
+            "gaps_capped": capped, "source": source, **_runner_info(runner)}

@@ -20,8 +20,11 @@ def add_options(parser) -> None:
     add("--edgehft-bundle", metavar="DIR", help="the bundle to test (required with --edgehft-board on this machine)")
     add("--edgehft-host", metavar="H", help="run on the box user@host[:port] over SSH (needs edgehft.deploy)")
     add("--edgehft-ticks", metavar="FILE", action="append", default=[],
-        help="tick file to replay (repeatable; a raw feed, or .npz windows with t_ns). Default: the bundle's "
-             "calibration feed if it is still there, else its golden inputs back to back")
+        help="tick file to replay (repeatable; .npz windows with t_ns, .npy windows, or a raw feed with "
+             "--edgehft-run-features). Default: the bundle's golden inputs back to back")
+    add("--edgehft-run-features", action="store_true",
+        help="make windows from raw feed files with the bundle's feature pipeline: Python code from the bundle "
+             "(hash-checked), run in the test process or on the box; only for bundles you trust")
     add("--edgehft-emulate", action="store_true", help="open an accelerator board's emulation (results say EMULATED)")
     add("--edgehft-threads", type=int, default=1, metavar="N", help="interpreter threads (default 1)")
     add("--edgehft-affinity", metavar="CPUS", help="pin the test process to these CPUs, e.g. 1 or 0,1")
@@ -115,7 +118,7 @@ def settings_from(config) -> Settings | None:
                     soak_max_rss_growth_mb=o("edgehft_soak_max_growth_mb"), checks=names,
                     json_path=o("edgehft_json"), ssh_config=o("edgehft_ssh_config"),
                     remote_python=o("edgehft_remote_python"), remote_bundle=o("edgehft_remote_bundle"),
-                    install_dir=o("edgehft_install_dir"))
+                    install_dir=o("edgehft_install_dir"), run_features=o("edgehft_run_features"))
 
 
 def _check_bundle(bundle: str, board: str) -> None:

@@ -22,8 +22,7 @@ def timing(result: dict) -> str:
     n = f"{result['samples']:,} calls" if "samples" in result else f"{result['calls']:,} calls"
     speed = f" ÷ {result['speed']:g}" if result.get("speed") not in (None, 1.0) else ""
     if src["timing"] == "recorded":
-        where = "the calibration feed " if src["kind"] == "calibration-feed" else ""
-        text = f"{n} at recorded inter-arrival times{speed} from {where}{files}"
+        text = f"{n} at recorded inter-arrival times{speed} from {files}"
     elif src["kind"] == "golden":
         text = f"{n} back to back over the bundle's {src['windows']} golden inputs; NOT the feed's timing"
     else:

@@ -39,17 +39,18 @@ class Settings:
     remote_python: str | None = None
     remote_bundle: str | None = None
     install_dir: str | None = None
+    run_features: bool = False       # raw feeds in ``ticks`` go through the bundle's feature pipeline (its code)
 
     def latency_options(self) -> dict:
         """Keyword arguments of ``target.latency`` (plain values: they travel to a box as they are)."""
         return {"ticks": list(self.ticks), "samples": self.samples, "warmup": self.warmup, "speed": self.speed,
-                "budget_p99": self.budget_p99, "budget_p999": self.budget_p999}
+                "budget_p99": self.budget_p99, "budget_p999": self.budget_p999, "run_features": self.run_features}
 
     def soak_options(self) -> dict:
         """Keyword arguments of ``target.soak``."""
         return {"minutes": self.soak_minutes, "ticks": list(self.ticks), "intervals": self.soak_intervals,
                 "warmup": self.warmup, "speed": self.speed, "max_p99_drift": self.soak_max_p99_drift,
-                "max_rss_growth_mb": self.soak_max_rss_growth_mb}
+                "max_rss_growth_mb": self.soak_max_rss_growth_mb, "run_features": self.run_features}
 
 
 class LocalTarget:

@@ -143,6 +143,10 @@ class Runner:
         self.bundle = bundle
         self.board_spec = board
         self.board = board.name
+        cores = os.cpu_count() or 1
+        if not isinstance(threads, (int, np.integer)) or not 1 <= threads <= cores:
+            raise InputError(f"threads {threads!r}: this machine has {cores} CPU(s), so 1 to {cores} interpreter "
+                             "threads", hint="1 gives the lowest jitter; more only helps a large model on idle cores")
         self.threads = int(threads)
         self.affinity = None
         if affinity:

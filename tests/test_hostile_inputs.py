@@ -1,0 +1,144 @@
+"""The bad-input corpus for what `run` and `bench` read besides the bundle: tick files, tick times and
+options (generated here, small). Each entry runs `python -m edgehft` in a fresh process and must end with
+its documented exit code and one error line: no traceback, no signal, no hang (tests/hostile.py). The
+bundle and manifest corpus is tests/test_bundle_hostile.py; model files, tests/test_model_validation.py."""
+import io
+import zipfile
+
+import numpy as np
+import pytest
+
+from hostile import assert_refused, run_cli
+
+pytestmark = pytest.mark.slow
+
+WINDOW = (100, 40, 1)                   # DeepLOB's input window
+
+
+def _npy_bytes(a) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=True)
+    return buf.getvalue()
+
+
+def _npz(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def _forged_header(path):
+    """A valid .npy of 2 windows whose header claims 10^12 windows (about 16 PB)."""
+    raw = _npy_bytes(np.zeros((2, *WINDOW), np.float32))
+    head = b"(2, 100, 40, 1)"
+    forged = b"(1000000000000, 100, 40, 1)"
+    header_end = raw.index(b"\n") + 1
+    header = raw[10:header_end].replace(head, forged)
+    header = header.rstrip(b"\n").rstrip(b" ")
+    pad = (-(10 + len(header) + 1)) % 64
+    header = header + b" " * pad + b"\n"
+    out = raw[:8] + len(header).to_bytes(2, "little") + header + raw[header_end:]
+    path.write_bytes(out)
+    return path
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+def _saved(path, a):
+    np.save(path, a)
+    return path
+
+
+def _flipped(path, src: bytes, at: float):
+    data = bytearray(src)
+    data[int(len(data) * at)] ^= 0x55
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _corpus(tmp):
+    """(name, file maker, exit code, message) for tick files."""
+    x = np.random.default_rng(0).standard_normal((12, *WINDOW)).astype(np.float32)
+    t = np.arange(12, dtype=np.int64) * 1_000_000
+    good = _npz(tmp / "good.npz", x=x, t_ns=t)
+    nan_x = x.copy()
+    nan_x[5, 3, 2, 0] = np.nan
+    big = x.astype(np.float64)
+    big[7, 0, 0, 0] = 1e300
+    nan_t = t.astype(np.float64)
+    nan_t[4] = np.nan
+    back_t = t.copy()
+    back_t[6] = back_t[2]
+    obj = np.empty(3, dtype=object)
+    obj[:] = [1, "a", None]
+    return [
+        ("truncated.npz", lambda p: _write(p, good.read_bytes()[: len(good.read_bytes()) // 2]),
+         3, "is not a readable numpy file"),
+        ("bitflip.npz", lambda p: _flipped(p, good.read_bytes(), 0.5), 3, "not a readable numpy file"),
+        ("empty.npy", lambda p: _write(p, b""), 3, "not a readable numpy file"),
+        ("garbage.npy", lambda p: _write(p, b"\x93NUMPY\x01\x00\xff\xff{{{{"), 3, "not a readable numpy file"),
+        ("petabytes.npy", lambda p: _forged_header(p), 3, "its header claims"),
+        ("pickled.npy", lambda p: _write(p, _npy_bytes(obj)), 3, "holds Python objects"),
+        ("t2d.npz", lambda p: _npz(p, x=x, t_ns=t.reshape(3, 4)), 3, "t_ns must be one tick time per window"),
+        ("tshort.npz", lambda p: _npz(p, x=x, t_ns=t[:5]), 3, "t_ns must be one tick time per window"),
+        ("tnan.npz", lambda p: _npz(p, x=x, t_ns=nan_t), 3, "t_ns holds NaN or infinity at index 4"),
+        ("tback.npz", lambda p: _npz(p, x=x, t_ns=back_t), 3, "tick times go backwards at window 6"),
+        ("nanwin.npy", lambda p: _saved(p, nan_x), 3, "window 5 (of 12) holds NaN"),
+        ("f64big.npy", lambda p: _saved(p, big), 3, "window 7 (of 12) holds NaN, infinity or values beyond"),
+        ("scalar.npy", lambda p: _saved(p, np.float32(1)), 3, "expected a non-empty numeric array"),
+        ("nowindows.npy", lambda p: _saved(p, np.zeros((0, *WINDOW), np.float32)), 3,
+         "expected a non-empty numeric array"),
+        ("strings.npy", lambda p: _saved(p, np.array([["a", "b"]])), 3, "expected a non-empty numeric array"),
+        ("nox.npz", lambda p: _npz(p, a=x, b=x), 3, "needs an array named 'x'"),
+        ("shape.npy", lambda p: _saved(p, np.zeros((3, 10, 4), np.float32)), 3, "the model takes (N, 100, 40, 1)"),
+        ("zipbomb.npz", lambda p: _zip_claiming(p), 3, "its header claims"),
+    ]
+
+
+def _zip_claiming(path):
+    """An .npz whose member's header claims far more data than the member holds."""
+    raw = _forged_header(path.with_suffix(".member")).read_bytes()
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("x.npy", raw)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile-ticks")
+    return [(name, make(tmp / name), code, msg) for name, make, code, msg in _corpus(tmp)]
+
+
+def test_tick_file_corpus(deeplob_bundle, corpus):
+    """Each hostile tick file, through `run` and `bench`: exit 3, the reason, nothing else."""
+    tried = 0
+    for name, path, code, message in corpus:
+        for cmd in (["run", deeplob_bundle, "--ticks", path], ["bench", deeplob_bundle, "--ticks", path,
+                                                               "--samples", "5", "--warmup", "0"]):
+            assert_refused(run_cli(*cmd, timeout=60), code, message)
+            tried += 1
+    assert tried == 2 * len(corpus) == 36
+
+
+def test_recorded_replay_caps_absurd_gaps(deeplob_bundle, tmp_path):
+    """A gap of 10^18 ns (31 years) between two ticks: replayed as 1 s and said so, not slept through."""
+    x = np.random.default_rng(1).standard_normal((4, *WINDOW)).astype(np.float32)
+    t = np.array([0, 1_000, 10**18, 10**18 + 1_000], np.int64)
+    out = run_cli("bench", deeplob_bundle, "--ticks", _npz(tmp_path / "gap.npz", x=x, t_ns=t), "--replay",
+                  "recorded", "--samples", "4", "--warmup", "0", timeout=60)
+    assert_refused(out, 0)
+    assert "1 recorded gap(s) longer than 1 s (the longest 1e+09 s) were replayed as 1 s" in out.text
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["--threads", "100000"], 3, "this machine has"),
+    (["--threads", "0"], 2, "--threads"),
+    (["--plot", "/nonexistent-dir/lat.png"], 3, "the directory /nonexistent-dir does not exist"),
+])
+def test_bench_options_are_bounded(deeplob_bundle, tmp_path, args, code, message):
+    x = np.zeros((3, *WINDOW), np.float32)
+    np.save(tmp_path / "w.npy", x)
+    out = run_cli("bench", deeplob_bundle, "--ticks", tmp_path / "w.npy", "--samples", "3", *args, timeout=60)
+    assert_refused(out, code, message)
