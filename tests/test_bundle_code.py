@@ -150,3 +150,25 @@ def test_the_pipeline_loader_refuses_on_its_own(armed, canary, file, fn, message
     with pytest.raises(BundleError, match=message):
         bundle_pipeline(b)
     assert not canary.exists()
+
+
+def test_compile_carries_a_module_pipelines_source_file(tmp_path, monkeypatch):
+    """`--features pkg_mod:fn` (a module on sys.path) goes into the bundle as a copy of its one .py file, as
+    a file pipeline does; a package is left out with a warning (a box runs only code the bundle carries)."""
+    from edgehft.bundle import Manifest
+    from edgehft.compiler.pipeline import _attach_features
+    from edgehft.windows import parse_pipeline
+    (tmp_path / "team_feats.py").write_text("def windows(paths):\n    return None\n")
+    (tmp_path / "team_pkg").mkdir()
+    (tmp_path / "team_pkg" / "__init__.py").write_text("def windows(paths):\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    manifest = Manifest.model_construct(features=None)
+    files, warnings = {}, []
+    _attach_features(manifest, files, parse_pipeline("team_feats:windows"), warnings)
+    assert manifest.features.file == "features/team_feats.py" and manifest.features.callable == "windows"
+    assert files == {"features/team_feats.py": tmp_path / "team_feats.py"} and warnings == []
+    manifest = Manifest.model_construct(features=None)
+    files = {}
+    _attach_features(manifest, files, parse_pipeline("team_pkg:windows"), warnings)
+    assert manifest.features is None and files == {}
+    assert len(warnings) == 1 and "team_pkg:windows is not one .py file" in warnings[0]
