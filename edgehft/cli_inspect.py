@@ -94,6 +94,7 @@ def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, en
 
 
 def _compiled_report(model, path: Path, cpu_model: str | None, as_json: bool) -> None:
+    from edgehft.compiler.coral import recorded_version
     from edgehft.ir import TFLiteModel
     from edgehft.partition.edgetpu import predict
     from edgehft.partition.edgetpu_compiled import compare, read_compiled
@@ -103,7 +104,8 @@ def _compiled_report(model, path: Path, cpu_model: str | None, as_json: bool) ->
     placed = read_compiled(model, cpu)
     result = {"model": str(path), "cpu_model": str(src) if src else None,
               "min_runtime_version": placed.min_runtime_version,
-              "custom_ops": [vars(c) for c in placed.custom_ops], "layout": placed.layout}
+              "custom_ops": [{**vars(c), "compiler_version": recorded_version(c.compiler_version)}
+                             for c in placed.custom_ops], "layout": placed.layout}
     agreement, why = None, {}
     if cpu is not None:
         part = predict(cpu)

@@ -65,6 +65,32 @@ def io_dtype(board: Board) -> str:
     return "int8" if runtime >= INT8_IO_MIN_RUNTIME else "uint8"
 
 
+def recorded_version(v: str | None) -> str:
+    """A compiler version as recorded, or ``"not recorded"``: released compilers write only ``"cl/"`` (an
+    empty changelist) into a compiled model's DWN1 package."""
+    v = (v or "").strip()
+    return v if (v[3:] if v.startswith("cl/") else v).strip() else "not recorded"
+
+
+def golden_notes(golden: dict) -> tuple[list[str], list[str]]:
+    """``(report notes, compile warnings)`` on a Coral bundle's golden vectors, from the report's ``golden``
+    section (:func:`edgehft.compiler.golden.golden_record`): where they come from, or why there are none."""
+    if golden.get("missing"):
+        why = golden["missing"].rstrip(".")
+        return ([f"no golden vectors: {why}. The bundle keeps the Edge TPU partition above; `run --golden`, "
+                 "deploy and the HIL golden check refuse it (exit 6) instead of passing it unchecked"],
+                [f"the bundle has no golden vectors: {why}"])
+    if "max_diff_vs_reference_kernels" in golden:
+        paths = f"LiteRT's own kernel paths differ by {golden['max_diff_vs_reference_kernels']:g} LSB here"
+    else:
+        paths = f"LiteRT's reference kernels did not run it: {golden.get('reference_kernels_error', '?')}"
+    notes = [f"golden outputs come from the int8 graph on {golden['reference_path']}. --emulate reproduces them "
+             "exactly; on a real Edge TPU `run --golden` compares them bit for bit with the TPU's outputs, and the "
+             f"TPU's int8 arithmetic is not guaranteed to equal LiteRT's ({paths}): a mismatch there measures that "
+             "difference (not yet measured on hardware)"]
+    return notes + [f"golden vectors: {n}" for n in golden.get("notes", [])], []
+
+
 def coral_stage(model_file: Path, work: Path, board: Board, flags: EdgeTPUFlags | None = None, *,
                 timeout_s: float = 300.0, compiled_model: Path | None = None, say=lambda s: None) -> CoralResult:
     """Partition ``model_file`` (the int8 IR) for ``board``; compile it when ``edgetpu_compiler`` exists,
@@ -99,7 +125,7 @@ def coral_stage(model_file: Path, work: Path, board: Board, flags: EdgeTPUFlags 
     warnings = [f"prediction and edgetpu_compiler disagree on {len(rep.disagreements)} op(s): "
                 + ", ".join(f"#{d['index']} {d['op']}" for d in rep.disagreements)] if rep.disagreements else []
     acc = {"flags": opts.flags(), "compiled": True, "min_runtime_version": actual.min_runtime_version,
-           "compiler_version": run.output.version or (actual.custom_ops[0].compiler_version or "")}
+           "compiler_version": run.output.version or recorded_version(actual.custom_ops[0].compiler_version)}
     return CoralResult(rep, files={"model_edgetpu.tflite": run.compiled_model},
                        artifacts={"edgetpu_model": "model_edgetpu.tflite"}, accelerator=acc,
                        toolchain={"edgetpu_compiler": run.output.version or "unknown"}, warnings=warnings)
@@ -123,6 +149,7 @@ def _given_compiled(ir: TFLiteModel, board: Board, opts: EdgeTPUOptions, path: P
     warnings = [f"prediction and {path.name} disagree on {len(rep.disagreements)} op(s): "
                 + ", ".join(f"#{d['index']} {d['op']}" for d in rep.disagreements)] if rep.disagreements else []
     acc = {"flags": None, "compiled": True, "min_runtime_version": actual.min_runtime_version,
-           "compiler_version": actual.custom_ops[0].compiler_version or "", "compiled_elsewhere": path.name}
+           "compiler_version": recorded_version(actual.custom_ops[0].compiler_version),
+           "compiled_elsewhere": path.name}
     return CoralResult(rep, files={"model_edgetpu.tflite": path}, artifacts={"edgetpu_model": "model_edgetpu.tflite"},
                        accelerator=acc, toolchain={"edgetpu_compiler": "elsewhere"}, warnings=warnings)

@@ -95,6 +95,7 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
     step = "bundle"
     try:
         b = load_bundle(bundle_dir, verify=True)
+        b.require_golden()           # none (compile could not make them): refused before the box is touched
         res.board = name = board or b.manifest.board
         spec = load_board(name)
         if name != b.manifest.board:

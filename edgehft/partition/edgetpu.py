@@ -3,8 +3,8 @@
 The model of the compiler (rules in :mod:`edgehft.partition.edgetpu_rules`):
 
 1. Each op on its own: custom ops and ops outside the supported table are refused; then the data type
-   rule (every activation tensor int8/uint8), the rank rule (only the 3 innermost dimensions may
-   exceed 1), the op's minimum runtime against ``-m``, and the op's own constraints.
+   rule (every activation tensor int8/uint8), the batch rule (batch-1 models only), the rank rule (only
+   the 3 innermost dimensions may exceed 1), the op's minimum runtime against ``-m``, and the op's own constraints.
 2. The single-subgraph rule (default flags): the compiler emits one ``edgetpu-custom-op``. An op that
    cannot map and reads only graph inputs (or other such ops) runs on the CPU *before* the custom op
    (a float input QUANTIZE, say). Once an op that cannot map consumes an Edge TPU result, every op that
@@ -119,10 +119,14 @@ def _own_refusal(op: OpInfo, m: TFLiteModel, opts: EdgeTPUOptions,
         return R.Refusal(R.NOT_SUPPORTED, "UNSUPPORTED_OP", f"{op.name} is not in the Edge TPU op set",
                          R.FIXES.get(op.name) or f"replace {op.name} with supported ops or run it on the host "
                          "after the last Edge TPU op")
+    batch = R.model_batch(g)
     for i in [*op.inputs, *op.outputs]:
         if i < 0 or g.tensors[i].is_constant:
             continue
         shape = g.tensors[i].shape
+        refusal = R.batch_refusal(g.tensors[i], batch)
+        if refusal is not None:
+            return refusal
         if len(shape) > 3 and any(d != 1 for d in shape[:-3]):
             return R.Refusal(R.UNSUPPORTED_RANK, "RANK", f"tensor {g.tensors[i].name!r} shape {shape}: "
                              "more than the 3 innermost dimensions exceed 1",
@@ -198,6 +202,10 @@ def predict(model: TFLiteModel, opts: EdgeTPUOptions | None = None, *,
     subgraphs, layout = _group(verdicts, opts)
     part = EdgeTPUPartition(model=model.source, options=opts, ops=verdicts, subgraphs=subgraphs, layout=layout)
     part.boundary = [_boundary(model, set(s)) for s in subgraphs]
+    batch = R.model_batch(g)
+    if batch > 1:
+        part.notes.append(f"the model's input has batch {batch}: the Edge TPU compiler takes batch-1 models only, "
+                          f"so no op on a batch-{batch} tensor maps (BATCH_NOT_1); convert it with batch 1")
     mapped = [R.SUPPORTED[v.op].min_runtime for v in verdicts if v.stage == "tpu" and v.op in R.SUPPORTED]
     part.min_runtime_needed = max(mapped, default=10)
     for v in verdicts:

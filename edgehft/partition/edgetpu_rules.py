@@ -82,10 +82,18 @@ def _concat(op: OpInfo, g, m) -> Refusal | None:
 
 
 def _same_dilation(op: OpInfo, g, m) -> Refusal | None:
+    """Unequal dilation along height and width does not map, except that dilation along an axis where the
+    kernel is 1 wide has no effect: a 3x1 kernel with dilation (2, 1) or (4, 1) (a TCN over (1, T, 1, C))
+    mapped whole on compiler 16.0. The kernel is the weights' (kh, kw): dims 1-2 of CONV_2D's (O, kh, kw, I)
+    and of DEPTHWISE_CONV_2D's (1, kh, kw, C)."""
     dh, dw = op.options.get("DilationHFactor", 1), op.options.get("DilationWFactor", 1)
-    if dh != dw:
-        return Refusal(UNSPECIFIED_LIMITATION, "UNEQUAL_DILATION", f"dilation (h, w) = ({dh}, {dw})",
-                       "use the same dilation rate along height and width")
+    w = _t(g, op.inputs[1]).shape if len(op.inputs) > 1 and op.inputs[1] >= 0 else ()
+    kh, kw = (w[1], w[2]) if len(w) == 4 else (None, None)
+    if dh != dw and kh != 1 and kw != 1:
+        kernel = f" with a {kh}x{kw} kernel" if kh is not None else ""
+        return Refusal(UNSPECIFIED_LIMITATION, "UNEQUAL_DILATION", f"dilation (h, w) = ({dh}, {dw}){kernel}",
+                       "use the same dilation rate along height and width (or a kernel 1 wide along the "
+                       "axis with the other rate)")
     return _constant_params(op, g, m)
 
 
@@ -96,6 +104,26 @@ def _constant_params(op: OpInfo, g, m) -> Refusal | None:
                            f"{op.name} input {_t(g, k).name!r} (weights/bias) is not a compile-time constant",
                            "make the weights constant (no weight sharing through a runtime tensor)")
     return None
+
+
+def model_batch(g: SubgraphInfo) -> int:
+    """The batch of the graph's inputs: the largest leading dimension of an input of rank >= 2 (1 when
+    every input has batch 1 or rank < 2)."""
+    return max((g.tensors[i].shape[0] for i in g.inputs if len(g.tensors[i].shape) >= 2), default=1)
+
+
+def batch_refusal(t, batch: int) -> Refusal | None:
+    """The Edge TPU compiler takes batch-1 models only (Coral's model requirements, ../shared/DESIGN.md): in
+    a model whose inputs have ``batch`` > 1, an op on a tensor ``t`` of rank >= 2 with a leading dimension
+    above 1 does not map. The status is the compiler's rank string for a rank-4+ tensor (only the 3
+    innermost dimensions may exceed 1), else its "unspecified limitation" string."""
+    if batch <= 1 or len(t.shape) < 2 or t.shape[0] <= 1:
+        return None
+    return Refusal(UNSUPPORTED_RANK if len(t.shape) > 3 else UNSPECIFIED_LIMITATION, "BATCH_NOT_1",
+                   f"tensor {t.name!r} shape {tuple(t.shape)}: batch {t.shape[0]}; the Edge TPU compiler takes "
+                   "batch-1 models only",
+                   "convert the model with a batch of 1 (keras.Input(batch_shape=(1, ...))) and call it once "
+                   "per window")
 
 
 def _non_unit_dims(shape) -> int:

@@ -195,8 +195,20 @@ class Runner(_Runner):
         self.predict = predict
 
     def _make_interpreter(self):
-        """The interpreter with tensors allocated (hook: the coral backend adds the Edge TPU delegate)."""
-        return make_interpreter(self.bundle.model_path, self.threads, self.op_resolver)
+        """The interpreter with tensors allocated (hook: the coral backend adds the Edge TPU delegate).
+        With ``op_resolver="auto"``, a model that the XNNPACK delegate refuses to prepare (e.g. a
+        RESIZE_BILINEAR whose output XNNPACK does not take) runs on LiteRT's builtin kernels, as its golden
+        vectors were made; ``op_resolver`` and ``path`` then say so."""
+        try:
+            return make_interpreter(self.bundle.model_path, self.threads, self.op_resolver)
+        except RuntimeError as exc:
+            if self.op_resolver != "auto" or not xnnpack_refused(exc):
+                raise
+            refused = exc
+        self.op_resolver = "builtin"
+        self.path = interpreter_path("builtin") + XNNPACK_REFUSED
+        self.xnnpack_error = " ".join(str(refused).split())
+        return make_interpreter(self.bundle.model_path, self.threads, "builtin")
 
     def _loaded_model_file(self):
         """The .tflite file the interpreter runs (hook: the coral backend runs the compiled model)."""
@@ -255,6 +267,16 @@ def _stable_views(interp, indices: list[int]):
     if [interp.tensor(i)().ctypes.data for i in indices] != before:
         return None
     return [interp.tensor(i)() for i in indices]
+
+
+XNNPACK_REFUSED = " (XNNPACK refused to prepare the model)"
+
+
+def xnnpack_refused(exc: BaseException) -> bool:
+    """Whether an interpreter error is the XNNPACK delegate failing to prepare (LiteRT's text: "Node
+    number N (TfLiteXNNPackDelegate) failed to prepare"); the model's builtin kernels may still run it."""
+    text = str(exc)
+    return "TfLiteXNNPackDelegate" in text and "failed to prepare" in text
 
 
 def variable_tensors(model_file) -> list[str]:
