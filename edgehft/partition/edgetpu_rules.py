@@ -83,9 +83,9 @@ def _concat(op: OpInfo, g, m) -> Refusal | None:
 
 def _same_dilation(op: OpInfo, g, m) -> Refusal | None:
     """Unequal dilation along height and width does not map, except that dilation along an axis where the
-    kernel is 1 wide has no effect: a 3x1 kernel with dilation (2, 1) or (4, 1) (a TCN over (1, T, 1, C))
-    mapped whole on compiler 16.0. The kernel is the weights' (kh, kw): dims 1-2 of CONV_2D's (O, kh, kw, I)
-    and of DEPTHWISE_CONV_2D's (1, kh, kw, C)."""
+    kernel is 1 wide has no effect: a TCN over (1, T, 1, C) with 3x1 kernels and dilation (2, 1) / (4, 1)
+    mapped whole on compiler 16.0 (reported in ../shared/DESIGN.md; edgetpu_pairs holds no such pair). The
+    kernel is the weights' (kh, kw): dims 1-2 of CONV_2D's (O, kh, kw, I) and DEPTHWISE_CONV_2D's (1, kh, kw, C)."""
     dh, dw = op.options.get("DilationHFactor", 1), op.options.get("DilationWFactor", 1)
     w = _t(g, op.inputs[1]).shape if len(op.inputs) > 1 and op.inputs[1] >= 0 else ()
     kh, kw = (w[1], w[2]) if len(w) == 4 else (None, None)
