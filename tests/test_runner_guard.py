@@ -8,7 +8,7 @@ import pytest
 
 from edgehft import runtime
 from edgehft.compiler.pipeline import CompileOptions, compile_model
-from edgehft.errors import RunnerStateError
+from edgehft.errors import NonFiniteInputError, RunnerStateError
 
 pytestmark = pytest.mark.slow
 
@@ -88,3 +88,13 @@ def test_close_waits_for_the_call_in_progress_then_refuses(lstm_native, rng):
         with pytest.raises(RunnerStateError, match="is closed"):
             call(x)
     r.close()                                                 # twice is fine
+
+
+def test_float64_beyond_float32_is_refused_not_cast_to_inf(mlp_dynamic):
+    with runtime.open(mlp_dynamic) as r:
+        x = np.zeros(r.bundle.manifest.inputs[0].shape[1:], np.float64)
+        x[5] = 1e300
+        with pytest.raises(NonFiniteInputError, match=r"beyond float32's range .*first at index \(5,\)"):
+            r.predict(x)
+        x[5] = 0.5                                           # float64 within range: taken, same as float32
+        assert np.array_equal(r.predict(x).copy(), r.predict(x.astype(np.float32)))

@@ -15,6 +15,7 @@ from edgehft.bundle import Bundle, TensorSpec
 from edgehft.errors import DTypeError, InputError, NonFiniteInputError, RunnerStateError, ShapeError
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class InputSlot:
@@ -56,6 +57,7 @@ class InputSlot:
             self.quantize_into_dest(x)
         elif dt == np.float64 and self.dtype == np.float32:
             self._check_finite(x)
+            self._check_float32_range(x)
             np.copyto(self.dest, x.reshape(self.dest.shape), casting="same_kind")
         else:
             accepted = [str(self.dtype)] + (["float32", "float64"] if self.quantized else
@@ -75,6 +77,15 @@ class InputSlot:
         np.trunc(s, out=s)
         np.clip(s, self.qmin - self.zero_point, self.qmax - self.zero_point, out=s)
         np.add(s, self.zero_point, out=self.dest, casting="unsafe")
+
+    def _check_float32_range(self, x: np.ndarray) -> None:
+        """A float64 window must fit float32 (the model's input): the cast would make larger values inf."""
+        big = np.abs(x) > _F32_MAX
+        if big.any():
+            where = tuple(int(i) for i in np.argwhere(big)[0])
+            raise NonFiniteInputError(f"input {self.spec.name!r}: {int(big.sum())} value(s) beyond float32's range "
+                                      f"(±{_F32_MAX:.3g}), first at index {where} = {x[where]}; the float32 input "
+                                      "would hold inf", hint="scale the features, or drop the tick")
 
     def _check_finite(self, x: np.ndarray) -> None:
         # One reduction on the hot path (NaN/inf propagate through the sum); the exact location is
