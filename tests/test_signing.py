@@ -191,6 +191,40 @@ def test_missing_or_too_old_ssh_keygen(signed, keys, tmp_path, monkeypatch):
         check_tool()
 
 
+def test_encrypted_key_asks_for_its_passphrase_on_the_terminal(unsigned, tmp_path):
+    """The passphrase is read from the terminal (a pty here), never from a pipe; without a terminal the
+    signing fails at once (exit 3) instead of waiting."""
+    import pty
+    import select
+    import sys
+    locked = tmp_path / "locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret", "-C", "carol@desk", "-f", str(locked)],
+                   check=True)
+    cmd = [sys.executable, "-m", "edgehft", "sign", str(unsigned), "--key", str(locked)]
+    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, start_new_session=True,
+                       timeout=60)
+    assert r.returncode == 3 and "incorrect passphrase" in r.stderr and not (unsigned / SIGNATURE).exists()
+    pid, fd = pty.fork()
+    if pid == 0:                                                # the child: edgehft sign on a terminal
+        os.execv(sys.executable, cmd)
+    seen = b""
+    while b"passphrase" not in seen and select.select([fd], [], [], 30)[0]:
+        seen += os.read(fd, 1024)
+    os.write(fd, b"s3cret\n")
+    while select.select([fd], [], [], 30)[0]:
+        try:
+            chunk = os.read(fd, 1024)
+        except OSError:                                         # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, seen
+    allowed = tmp_path / ALLOWED_SIGNERS
+    allowed.write_text(signer_line("carol@desk", locked))
+    assert verify_bundle(unsigned, allowed)["principal"] == "carol@desk"
+
+
 # -- command line ---------------------------------------------------------------------------------------
 def test_sign_command_exit_codes(unsigned, keys, tmp_path, monkeypatch):
     res = CliRunner().invoke(main, ["sign", str(unsigned), "--key", str(keys.alice), "--json"])
