@@ -142,3 +142,18 @@ def test_bench_options_are_bounded(deeplob_bundle, tmp_path, args, code, message
     np.save(tmp_path / "w.npy", x)
     out = run_cli("bench", deeplob_bundle, "--ticks", tmp_path / "w.npy", "--samples", "3", *args, timeout=60)
     assert_refused(out, code, message)
+
+
+@pytest.mark.parametrize("role,index,message", [("inputs", 99, "is tensor 99, which is not an input of the model"),
+                                                ("outputs", 0, "which is not an output of the model")])
+def test_a_tensor_index_the_model_does_not_have(deeplob_bundle, tmp_path, role, index, message):
+    """The manifest names a tensor the model lacks (or one of the other role): refused when the runtime
+    opens the model, before any buffer is touched."""
+    import json
+    import shutil
+    from edgehft.bundle import MANIFEST
+    b = shutil.copytree(deeplob_bundle, tmp_path / "b")
+    m = json.loads((b / MANIFEST).read_text())
+    m[role][0]["index"] = index
+    (b / MANIFEST).write_text(json.dumps(m))
+    assert_refused(run_cli("run", b, "--golden", timeout=60), 6, message)

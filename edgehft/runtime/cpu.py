@@ -13,6 +13,7 @@ import functools
 
 import numpy as np
 
+from edgehft.bundle import check_io_details
 from edgehft.errors import BoardUnavailableError
 from edgehft.runtime.base import InputSlot, OutputSlot, Runner as _Runner
 
@@ -92,6 +93,9 @@ class Runner(_Runner):
             self._open_native(bundle.manifest.artifacts["native"])
             return
         self.interp = self._make_interpreter()
+        ins, outs = self._io_specs()
+        check_io_details(ins, self.interp.get_input_details(), "input", self._loaded_model_file())
+        check_io_details(outs, self.interp.get_output_details(), "output", self._loaded_model_file())
         # Stateless models keep the recurrent state of a fused LSTM in variable tensors that Invoke
         # updates in place: without a reset, window n would start from window n-1's final state.
         self.stateful_tensors = variable_tensors(self._loaded_model_file())
