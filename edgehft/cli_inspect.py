@@ -12,6 +12,22 @@ from edgehft.cli import edgetpu_flag_opts, edgetpu_flags, handles_errors, json_o
 from edgehft.errors import InputError
 
 
+def _bundle_report(bundle, report_type):
+    """The bundle's ``report.json`` as ``report_type``.
+
+    Raises:
+        BundleError: the file is not a report of this edgehft's schema (exit 6).
+    """
+    from pydantic import ValidationError
+    from edgehft.errors import BundleError
+    try:
+        return report_type(**bundle.report())
+    except (ValidationError, TypeError) as exc:
+        first = str(exc).splitlines()
+        raise BundleError(f"{bundle.path}/report.json is not an edgehft report: {' '.join(first[:3])}",
+                          hint="compile the bundle again (the report is written by `edgehft compile`)") from None
+
+
 @main.command("report")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--board", default=None,
@@ -45,7 +61,7 @@ def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, en
     if p.is_dir():
         from edgehft.bundle import load_bundle
         b = load_bundle(p)
-        rep = Report(**b.report())
+        rep = _bundle_report(b, Report)
         if b.manifest.backend == "jetson":     # the engine inspector's placement, once build-engine ran
             from edgehft.partition.tensorrt_confirmed import confirmed_report
             rep = confirmed_report(b, rep, engine_records)

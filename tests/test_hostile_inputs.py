@@ -157,3 +157,17 @@ def test_a_tensor_index_the_model_does_not_have(deeplob_bundle, tmp_path, role, 
     m[role][0]["index"] = index
     (b / MANIFEST).write_text(json.dumps(m))
     assert_refused(run_cli("run", b, "--golden", timeout=60), 6, message)
+
+
+@pytest.mark.parametrize("report", [{"ops": "not a list"}, {"board": ["x"], "verdict": 5}, {}])
+def test_a_report_json_of_another_schema(deeplob_bundle, tmp_path, report):
+    """`edgehft report BUNDLE` on a report.json that is JSON but not edgehft's report: exit 6, no traceback."""
+    import json
+    import shutil
+    from edgehft.bundle import MANIFEST, sha256_file
+    b = shutil.copytree(deeplob_bundle, tmp_path / "b")
+    (b / "report.json").write_text(json.dumps(report))
+    m = json.loads((b / MANIFEST).read_text())
+    m["files"]["report.json"] = sha256_file(b / "report.json")
+    (b / MANIFEST).write_text(json.dumps(m))
+    assert_refused(run_cli("report", b, timeout=60), 6, "report.json is not an edgehft report")
