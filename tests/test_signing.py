@@ -167,6 +167,28 @@ def test_runtime_open_require_signature(signed, unsigned, keys, tmp_path):
         assert r.bundle.path == root / "versions" / "v1" and check_golden(r)["ok"]
 
 
+def test_box_check_fails_closed(signed, keys, tmp_path):
+    """``check_install_dir`` (what Store.verify/rollback call): no file, no check; a dangling
+    ``allowed_signers`` link or a symlinked signature is a refusal, never a pass."""
+    from edgehft.errors import DeployError
+    from edgehft.signing import check_install_dir
+    root = tmp_path / "root"
+    root.mkdir()
+    assert check_install_dir(signed, root) is None
+    os.symlink(tmp_path / "nowhere", root / ALLOWED_SIGNERS)
+    with pytest.raises(DeployError, match=r"verification failed on the box: allowed_signers file .* is not a "
+                                          r"readable file") as e:
+        check_install_dir(signed, root)
+    assert e.value.exit_code == 9
+    (root / ALLOWED_SIGNERS).unlink()
+    shutil.copy(keys.allowed, root / ALLOWED_SIGNERS)
+    assert check_install_dir(signed, root)["principal"] == "alice@desk"
+    shutil.move(signed / SIGNATURE, tmp_path / "elsewhere.sig")
+    os.symlink(tmp_path / "elsewhere.sig", signed / SIGNATURE)
+    with pytest.raises(DeployError, match="manifest.json.sig is not a regular file"):
+        check_install_dir(signed, root)
+
+
 def old_ssh_keygen(bindir: Path, stderr: str) -> None:
     """An ``ssh-keygen`` that answers ``-Y`` as OpenSSH before 8.2 does (we cannot install an old OpenSSH)."""
     bindir.mkdir()
