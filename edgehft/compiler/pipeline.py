@@ -22,7 +22,7 @@ from edgehft.compiler import coral
 from edgehft.compiler.drift import measure_drift
 from edgehft.compiler.golden import golden_record, run_golden
 from edgehft.compiler.isolate import run_worker
-from edgehft.errors import DriftError, InputError, LoweringError
+from edgehft.errors import ConverterError, DriftError, InputError, LoweringError
 from edgehft.ir import TFLiteModel
 from edgehft.ir.tflite_model import source_layer
 from edgehft.report import OpPlacement, Report, segments_of
@@ -442,9 +442,15 @@ def _load_calib(calib, pipeline, keep_int: bool = False) -> tuple[np.ndarray, li
 
 
 def _take_tflite(model: Path, x, board, opts):
-    """An already quantized .tflite: checked and taken as is (no converter, no drift)."""
+    """An already quantized .tflite: checked and taken as is (no converter, no drift). It is validated
+    (:mod:`edgehft.ir.validate`) and opened on each LiteRT kernel path in a child process first
+    (:func:`edgehft.runtime.isolate.check_models`): one that is corrupt or crashes LiteRT is a ConverterError."""
     from edgehft.ir.edgetpu_package import is_compiled
-    ir = TFLiteModel.from_file(model)
+    from edgehft.ir.validate import InvalidModelError
+    try:
+        ir = TFLiteModel.from_file(model)
+    except InvalidModelError as exc:
+        raise ConverterError(exc.args[0], hint=exc.hint) from None
     if is_compiled(ir):
         raise InputError(f"{model} is already compiled for the Edge TPU",
                          hint=f"inspect it with `edgehft report {model}`; compile the CPU model it came from")
@@ -462,12 +468,28 @@ def _take_tflite(model: Path, x, board, opts):
             raise InputError(f"--calib windows have shape {x.shape[1:]}; {model.name} takes {want}"
                              + (f" and {len(g.inputs)} inputs" if len(g.inputs) != 1 else ""),
                              hint="give windows of the model's input shape, or no --calib (random golden inputs)")
+    _isolated_first_open(model, opts.timeout_s)
     names = _io_names(g, g.inputs)
     info = {"flavour": "tflite", "lowering": "as-is (already quantized .tflite)", "input_names": names,
             "output_names": _io_names(g, g.outputs), "layers": [],
             "versions": {}}
     held = x[:opts.drift_windows] if x is not None else None
     return model, info, None, held, None, mode
+
+
+def _isolated_first_open(model: Path, timeout_s: float) -> None:
+    """Open ``model`` on every LiteRT kernel path golden vectors may use, in a child process, before this
+    process does (their refusals are left to the golden-vector code, which falls back or says why).
+
+    Raises:
+        ConverterError: LiteRT crashed (the signal) or hung on the model.
+    """
+    from edgehft.errors import BundleError
+    from edgehft.runtime.isolate import check_models
+    try:
+        check_models([model], timeout_s=min(timeout_s, 300.0))
+    except BundleError as exc:
+        raise ConverterError(exc.args[0], hint="the .tflite is corrupt or hostile: convert the model again") from None
 
 
 def _io_names(g, indices) -> list[str]:

@@ -1,7 +1,9 @@
 """Read a TFLite flatbuffer into plain Python objects: ops, tensors, quantization parameters.
 
 Uses the generated TFLite schema bindings (the ``tflite`` package, flatc output of
-tensorflow/lite/schema/schema.fbs) and nothing of TensorFlow, so boards can read bundles.
+tensorflow/lite/schema/schema.fbs) and nothing of TensorFlow, so boards can read bundles. Every model is
+validated while it is read (:mod:`edgehft.ir.validate`): its structure before any field is read, its indices,
+buffer sizes and quantization parameters once it is parsed.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import numpy as np
 import tflite
 
 from edgehft.errors import InputError
+from edgehft.ir.validate import InvalidModelError, check_semantics, verify_flatbuffer
 
 _OP_NAMES = {v: k for k, v in vars(tflite.BuiltinOperator).items() if k.isupper()}
 _TYPE_NAMES = {v: k.lower() for k, v in vars(tflite.TensorType).items() if k.isupper()}
@@ -87,10 +90,13 @@ class SubgraphInfo:
 
 
 class TFLiteModel:
-    """A parsed ``.tflite`` model.
+    """A parsed and validated ``.tflite`` model.
 
     Raises:
-        InputError: the bytes are not a TFLite flatbuffer (wrong identifier, truncated, no subgraph).
+        InputError: the bytes are not a TFLite flatbuffer (no ``TFL3`` identifier);
+            :class:`~edgehft.ir.validate.InvalidModelError` (an InputError) where the structure is broken
+            (truncated, offsets outside the file) or the model is inconsistent (an index out of range, a
+            constant buffer of the wrong size, bad quantization parameters, no subgraph).
     """
 
     def __init__(self, data: bytes, source: str = "<bytes>"):
@@ -99,6 +105,7 @@ class TFLiteModel:
                              hint="pass the .tflite file that the TFLite converter wrote")
         self.data = data
         self.source = source
+        verify_flatbuffer(data, source)
         try:
             self._m = tflite.Model.GetRootAsModel(data, 0)
             self.version = self._m.Version()
@@ -106,11 +113,9 @@ class TFLiteModel:
             self.subgraphs = tuple(self._read_subgraph(i) for i in range(self._m.SubgraphsLength()))
         except InputError:
             raise
-        except Exception as exc:  # flatbuffers raises IndexError/struct.error on truncated data
-            raise InputError(f"{source} is a malformed TFLite flatbuffer: {exc!r}",
-                             hint="the file is truncated or corrupted; convert the model again") from exc
-        if not self.subgraphs:
-            raise InputError(f"{source} has no subgraph")
+        except Exception as exc:  # e.g. a name that is not UTF-8
+            raise InvalidModelError(source, f"it cannot be read ({type(exc).__name__}: {exc})") from None
+        check_semantics(self._m, self.subgraphs, len(data), source)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "TFLiteModel":
@@ -139,8 +144,12 @@ class TFLiteModel:
         g = self._m.Subgraphs(i)
         tensors = tuple(self._read_tensor(g.Tensors(t), t) for t in range(g.TensorsLength()))
         ops = []
+        n_codes = self._m.OperatorCodesLength()
         for k in range(g.OperatorsLength()):
             op = g.Operators(k)
+            if op.OpcodeIndex() >= n_codes:
+                raise InvalidModelError(self.source, f"subgraph {i} operator {k} names operator code "
+                                                     f"{op.OpcodeIndex()}, and the model has {n_codes}")
             code = self._m.OperatorCodes(op.OpcodeIndex())
             builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
             name = _OP_NAMES.get(builtin, f"BUILTIN_{builtin}")

@@ -41,7 +41,8 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
         InputError: ``emulate``/``device`` given for the cpu board; a ``require_signature`` file that is
             not readable, or True for a bundle outside an install dir.
         BundleError: malformed bundle, files that do not match the manifest, or a board mismatch;
-            :class:`~edgehft.signing.SignatureError` for a missing or untrusted signature.
+            :class:`~edgehft.signing.SignatureError` for a missing or untrusted signature; a model that
+            LiteRT refuses or crashes on in its first, isolated open (:mod:`edgehft.runtime.isolate`).
         BoardUnavailableError: the backend's library or device is missing on this machine.
     """
     path = bundle.path if isinstance(bundle, Bundle) else bundle
@@ -66,4 +67,6 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
         raise BoardUnavailableError(f"this edgehft has no runtime backend {spec.backend!r} for board {name} yet",
                                     hint="`edgehft compile` and `edgehft report` already work for it; compile "
                                          "the model with --board cpu to run it on this host meanwhile") from None
+    from edgehft.runtime.isolate import first_open
+    first_open(b, spec, threads, options)      # a model that crashes LiteRT does so in a child, once per bundle
     return module.Runner(b, spec, threads=threads, affinity=affinity, **options)

@@ -51,18 +51,38 @@ def interpreter_path(op_resolver: str = "auto") -> str:
     return f"{name} {ver} {kind}"
 
 
+def check_model_file(model_path) -> None:
+    """Validate the ``.tflite`` at ``model_path`` before LiteRT reads it (:mod:`edgehft.ir.validate`: its
+    flatbuffer structure, indices, constant buffer sizes, quantization parameters).
+
+    Raises:
+        BundleError: it is not a valid TFLite model, or cannot be read; the message names the file and why.
+    """
+    from edgehft.errors import BundleError, InputError
+    from edgehft.ir import TFLiteModel
+    try:
+        TFLiteModel.from_file(model_path)
+    except InputError as exc:
+        raise BundleError(exc.args[0], hint=exc.hint) from None
+    except OSError as exc:
+        raise BundleError(f"{model_path} cannot be read: {exc.strerror or exc}") from None
+
+
 def make_interpreter(model_path: str, threads: int = 1, op_resolver: str = "auto"):
     """A LiteRT ``Interpreter`` with tensors allocated. ``op_resolver``: ``auto`` (optimized kernels +
     the XNNPACK delegate), ``builtin`` (optimized kernels, no delegate), ``reference`` (reference kernels).
+    The model file is validated first (:func:`check_model_file`).
 
     Raises:
-        BundleError: ``model_path`` is an Edge TPU compiled model (``edgetpu-custom-op``), which needs the
-            Edge TPU delegate (see :func:`edgehft.runtime.coral.explain_interpreter_error`).
+        BundleError: ``model_path`` is not a valid TFLite model; it is an Edge TPU compiled model
+            (``edgetpu-custom-op``), which needs the Edge TPU delegate (see
+            :func:`edgehft.runtime.coral.explain_interpreter_error`).
         BoardUnavailableError: no TFLite interpreter is installed.
     """
     if op_resolver not in OP_RESOLVERS:
         raise ValueError(f"op_resolver must be one of {OP_RESOLVERS}, got {op_resolver!r}")
     mod, _, _ = load_interpreter_module()
+    check_model_file(model_path)
     kind = {"auto": mod.OpResolverType.AUTO,
             "builtin": mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
             "reference": mod.OpResolverType.BUILTIN_REF}[op_resolver]

@@ -21,7 +21,7 @@ import numpy as np
 
 from edgehft.errors import BoardUnavailableError, BundleError, InputError
 from edgehft.runtime.base import InputSlot, OutputSlot, Runner as _Runner
-from edgehft.runtime.cpu import variable_tensors, load_interpreter_module
+from edgehft.runtime.cpu import check_model_file, variable_tensors, load_interpreter_module
 
 POLL_TIMEOUT_S = 5.0
 _DRIVERS: dict[str, type] = {}
@@ -186,6 +186,7 @@ class Runner(_Runner):
         self._steps = []
         for st in self.graph["steps"]:
             if st["placement"] == "cpu":
+                check_model_file(self.bundle.path / st["model"])            # before LiteRT reads it
                 it = mod.Interpreter(model_path=str(self.bundle.path / st["model"]), num_threads=self.threads)
                 it.allocate_tensors()
                 ins = [d["index"] for d in it.get_input_details()]

@@ -1,0 +1,293 @@
+"""The first open of an untrusted model runs in a child process, so that a crash there is an error here.
+
+:mod:`edgehft.ir.validate` refuses a structurally broken or inconsistent ``.tflite`` before any interpreter
+sees it, but LiteRT's own prepare and invoke can still crash on a model that passes (a kernel that aborts on
+parameters it did not expect). So the first open of a bundle on a machine, and one invoke on its golden
+inputs (zeros without them), happen in a child (``python -m edgehft.runtime.isolate``) that opens it the way
+the caller will. A child killed by a signal becomes a :class:`~edgehft.errors.BundleError` naming it; an error
+the child raised is raised here as the same class; LiteRT's own refusals (its RuntimeError/ValueError) become
+a BundleError with LiteRT's reason. Nothing of the model ever ran in this process when it fails.
+
+A success is remembered per process and as a marker file (``$EDGEHFT_CACHE``, else
+``$XDG_CACHE_HOME/edgehft``, else ``~/.cache/edgehft``, then ``opened/``) keyed by the SHA-256 of every bundle
+file (the model's among them), the board, the options, the interpreter and edgehft versions: a box pays the
+child once per bundle. The predict hot path is not touched.
+
+What is isolated: the cpu board (whole-model and native plans) and Coral/PYNQ boards under ``emulate``
+(the whole runner); on a PYNQ overlay, the LiteRT segments of ``steps.json``. Not isolated: a Coral board's
+compiled model on a real Edge TPU (the delegate owns the device; its flatbuffer is still validated) and
+Jetson engines (TensorRT, not LiteRT).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from edgehft.errors import BundleError
+
+DEFAULT_TIMEOUT_S = 300.0
+RESOLVERS = ("auto", "builtin", "reference")
+_MARK = "EDGEHFT-ISOLATED-OPEN "
+_HINT = ("the model file is corrupt or hostile though its hashes match the manifest: compile the bundle again "
+         "from the source model, or copy it again from where it was compiled")
+_passed: set = set()
+
+
+def cache_dir() -> Path:
+    """Where the markers of bundles opened safely on this machine live."""
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("EDGEHFT_CACHE") or xdg / "edgehft") / "opened"
+
+
+def first_open(bundle, spec, threads: int, options: dict, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Open ``bundle`` (a verified :class:`~edgehft.bundle.Bundle`) on board ``spec`` in a child process,
+    unless this machine already did with the same files and options. Returns whether a child ran.
+
+    Raises:
+        BundleError: the child was killed by a signal (named) or ran past ``timeout_s`` seconds, or LiteRT
+            refused the model; any other EdgeHFTError the child's open raised, as its own class.
+    """
+    request = _request(bundle, spec, threads, options)
+    if request is None:
+        return False
+    key = _key(bundle, request)
+    marker = cache_dir() / key
+    if key in _passed or marker.is_file():
+        _passed.add(key)
+        return False
+    _raise_for(_run_child(request, timeout_s), f"bundle {bundle.path}")
+    _passed.add(key)
+    _remember(marker, bundle)
+    return True
+
+
+def check_models(paths: list, threads: int = 1, resolvers=RESOLVERS, timeout_s: float = DEFAULT_TIMEOUT_S) -> list:
+    """Open each ``.tflite`` in ``paths`` with each LiteRT kernel path in ``resolvers`` and invoke it once on
+    zeros, in a child process. LiteRT's refusals are returned (``["auto: <reason>", ...]``), not raised: the
+    caller's own code handles them; only a crash or a hang is an error.
+
+    Raises:
+        BundleError: the child was killed by a signal or ran past ``timeout_s`` seconds (naming the model and
+            the kernel path it had reached).
+    """
+    request = {"mode": "models", "models": [str(Path(p).resolve()) for p in paths], "threads": int(threads),
+               "resolvers": list(resolvers)}
+    result = _run_child(request, timeout_s)
+    _raise_for(result, ", ".join(Path(p).name for p in paths))
+    return result.get("refusals", [])
+
+
+def _request(bundle, spec, threads: int, options: dict) -> dict | None:
+    backend = spec.backend
+    if backend == "cpu" or (backend in ("coral", "pynq") and options.get("emulate")):
+        return {"mode": "runner", "bundle": str(Path(bundle.path).resolve()), "board": spec.name,
+                "threads": int(threads), "options": {k: _plain(v) for k, v in sorted(options.items())}}
+    if backend == "pynq" and bundle.manifest.artifacts.get("steps"):
+        graph = json.loads(bundle.resolve(bundle.manifest.artifacts["steps"]).read_text())
+        models = [str(bundle.resolve(st["model"])) for st in graph.get("steps", []) if st.get("placement") == "cpu"]
+        return {"mode": "models", "models": models, "threads": int(threads), "resolvers": ["auto"]} if models else None
+    return None
+
+
+def _plain(value):
+    return str(value) if isinstance(value, Path) else value
+
+
+def _key(bundle, request: dict) -> str:
+    from edgehft import __version__
+    from edgehft.runtime.cpu import load_interpreter_module
+    _, name, version = load_interpreter_module()
+    ident = {"files": dict(sorted(bundle.manifest.files.items())), "request": {**request, "bundle": None},
+             "interpreter": f"{name} {version}", "edgehft": __version__, "python": sys.version.split()[0]}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def _remember(marker: Path, bundle) -> None:
+    """Write the marker atomically; a cache that cannot be written leaves the per-process memory only."""
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"bundle": str(bundle.path), "files": bundle.manifest.files}) + "\n")
+        os.replace(tmp, marker)
+    except OSError:
+        pass
+
+
+def _child_env() -> dict:
+    """This process's environment, with the directory this edgehft is imported from first on PYTHONPATH."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+def _run_child(request: dict, timeout_s: float) -> dict:
+    """Run the child on ``request``; its result dict, or ``{"signal": name}`` / ``{"timeout": s}`` /
+    ``{"failed": rc, "tail": stderr}``."""
+    cmd = [sys.executable, "-m", "edgehft.runtime.isolate", json.dumps(request)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s,
+                           stdin=subprocess.DEVNULL, env=_child_env())
+    except subprocess.TimeoutExpired:
+        return {"timeout": timeout_s}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(_MARK)]
+    result = json.loads(lines[-1][len(_MARK):]) if lines else {}
+    if p.returncode < 0:
+        result["signal"] = _signal_name(-p.returncode)
+    elif not lines:
+        result = {"failed": p.returncode, "tail": " | ".join(p.stderr.strip().splitlines()[-3:])[-400:]}
+    return result
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def _raise_for(result: dict, what: str) -> None:
+    step = f" while {result['step']}" if result.get("step") else ""
+    if "signal" in result:
+        raise BundleError(f"{what}: LiteRT crashed ({result['signal']}){step}, in an isolated child process; "
+                          "nothing of the model ran here", hint=_HINT)
+    if "timeout" in result:
+        raise BundleError(f"{what}: the model did not open and run once within {result['timeout']:.0f} s{step} "
+                          "(an isolated child process, now stopped)", hint=_HINT)
+    if "failed" in result:
+        raise BundleError(f"{what}: the isolated first open failed (exit status {result['failed']}): "
+                          f"{result['tail']}", hint="check that edgehft imports in `python -m edgehft.runtime.isolate`")
+    if "error" in result:
+        raise _rebuild(result, what)
+
+
+def _rebuild(result: dict, what: str) -> BaseException:
+    """The child's exception as one of this process: the same EdgeHFTError or builtin class and message;
+    LiteRT's own refusals as a BundleError."""
+    import builtins
+    import importlib
+    from edgehft.errors import EdgeHFTError
+    message, hint = result.get("message", ""), result.get("hint")
+    if result.get("litert"):
+        return BundleError(f"{what}: LiteRT cannot open the model ({result['error']}: {message})".replace("\n", " "),
+                           hint=_HINT)
+    try:
+        cls = getattr(importlib.import_module(result.get("module", "")), result["error"])
+    except (ImportError, AttributeError, KeyError, ValueError):
+        cls = getattr(builtins, result.get("error", ""), None)
+    if isinstance(cls, type) and issubclass(cls, EdgeHFTError):
+        exc = cls.__new__(cls)
+        EdgeHFTError.__init__(exc, message, hint)
+        return exc
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
+        return cls(message)
+    return BundleError(f"{what}: {result.get('error')}: {message}", hint=_HINT)
+
+
+# -- the child --------------------------------------------------------------------------------------------
+def _open_runner(request: dict, progress: dict) -> None:
+    """Open the bundle as :func:`edgehft.runtime.open` would (without the isolation) and run it on its golden
+    inputs, or on zeros where it has none."""
+    import importlib
+
+    import numpy as np
+
+    from edgehft.boards import load_board
+    from edgehft.bundle import load_bundle
+    b = load_bundle(request["bundle"], verify=True)
+    spec = load_board(request["board"])
+    module = importlib.import_module(f"edgehft.runtime.{spec.backend}")
+    progress["step"] = "opening it"
+    runner = module.Runner(b, spec, threads=request["threads"], **request["options"])
+    try:
+        progress["step"] = "running it once"
+        runner.predict_raw(*(np.zeros(s.spec.shape, s.dtype) for s in runner.inputs))
+        windows = _golden_inputs(b)
+        progress["step"] = "running it on its golden inputs"
+        for n in range(len(windows[0]) if windows else 0):
+            runner.predict_raw(*(w[n:n + 1] for w in windows))
+    finally:
+        runner.close()
+    progress.pop("step", None)
+
+
+def _golden_inputs(b) -> list:
+    from edgehft.errors import EdgeHFTError
+    try:
+        ins, _ = b.golden()
+    except EdgeHFTError:                # no or damaged golden vectors: their own checks say so, not this one
+        return []
+    return [ins[s.name] for s in b.manifest.inputs]
+
+
+def _open_models(request: dict, progress: dict) -> None:
+    import numpy as np
+
+    from edgehft.runtime.cpu import make_interpreter
+    refusals = progress.setdefault("refusals", [])
+    for path in request["models"]:
+        for resolver in request["resolvers"]:
+            progress["step"] = f"opening {Path(path).name} on LiteRT's {resolver} kernels"
+            try:
+                it = make_interpreter(path, request["threads"], resolver)
+                for d in it.get_input_details():
+                    it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+                progress["step"] = f"running {Path(path).name} on LiteRT's {resolver} kernels"
+                it.invoke()
+            except (RuntimeError, ValueError) as exc:
+                refusals.append(f"{resolver}: {' '.join(str(exc).split())[:300]}")
+            it = None
+    progress.pop("step", None)
+
+
+def _from_interpreter(exc: BaseException) -> bool:
+    """Whether LiteRT (or tflite-runtime) raised ``exc`` itself: its innermost frame is in their package."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = tb.tb_frame.f_code.co_filename if tb is not None else ""
+    return any(f"{os.sep}{pkg}{os.sep}" in where for pkg in ("ai_edge_litert", "tflite_runtime"))
+
+
+def main(argv: list) -> int:
+    """The child: ``python -m edgehft.runtime.isolate REQUEST_JSON``; prints one result line, exit 0."""
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))            # a crash leaves no core dump
+    from edgehft.errors import EdgeHFTError
+    request = json.loads(argv[0])
+
+    def report(result: dict) -> None:                           # the last line tells the parent how far it got
+        sys.stdout.write(_MARK + json.dumps(result) + "\n")
+        sys.stdout.flush()
+    progress = _Reporting(report)
+    try:
+        (_open_runner if request["mode"] == "runner" else _open_models)(request, progress)
+        report({"ok": True, **progress})
+    except EdgeHFTError as exc:
+        report({**progress, "error": type(exc).__name__, "module": type(exc).__module__,
+                "message": exc.args[0] if exc.args else "", "hint": exc.hint})
+    except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent
+        report({**progress, "error": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
+                "litert": _from_interpreter(exc)})
+    return 0
+
+
+class _Reporting(dict):
+    """The child's progress dict: every ``step`` set is printed at once, so a crash still says where."""
+
+    def __init__(self, report):
+        super().__init__()
+        self._report = report
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        if key == "step":
+            self._report(dict(self))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
