@@ -104,6 +104,8 @@ def _print_results(results, dry_run: bool) -> None:
     for r in results:
         for why in r.forced:
             err.print(f"[bold red]FORCED[/] {r.host}: {why}", highlight=False)
+        for w in r.warnings:
+            err.print(f"[bold yellow]warning:[/] {escape(r.host)}: {escape(w)}", highlight=False)
     if len(results) == 1 and results[0].plan:
         r = results[0]
         out.print(f"[bold]dry run[/] {r.host} ({r.board}), active now: {r.active_before or 'nothing'}")
@@ -192,3 +194,5 @@ def rollback_cmd(host, to, board, ssh_config, remote_python, install_dir, as_jso
         click.echo(json.dumps(res))
     else:
         out.print(f"{host}: active [bold]{res['active']}[/] (was {res['previous']})")
+        for w in res.get("warnings") or []:
+            err.print(f"[bold yellow]warning:[/] {escape(w)}", highlight=False)

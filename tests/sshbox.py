@@ -84,17 +84,25 @@ LogLevel VERBOSE
         raise RuntimeError(f"sshd did not listen on {self.port}: {(w / 'sshd.log').read_text()[-2000:]}")
 
     def config(self, name: str = "ssh_config", *, known_hosts: Path | None = None, failpoints: str = "",
-               drop_after: int | None = None) -> Path:
+               drop_after: int | None = None, stall_after: int | None = None, stall_link: Path | None = None,
+               env: dict | None = None) -> Path:
         """A client config file; ``failpoints`` become ``EDGEHFT_FAILPOINTS`` on the box, ``drop_after``
-        routes the connection through tests/tools/drop_proxy.py, which cuts it after that many bytes."""
+        routes the connection through tests/tools/drop_proxy.py, which cuts it after that many bytes,
+        ``stall_after`` through tests/tools/stall_proxy.py, which stalls it (open, silent) after that many
+        bytes, and with ``stall_link`` every other connection with it; ``env`` more ``EDGEHFT_*`` variables
+        for the box."""
         lines = [f"Host {self.alias}", "  HostName 127.0.0.1", f"  Port {self.port}", f"  User {self.user}",
                  f"  IdentityFile {self.work}/client_key", "  IdentitiesOnly yes",
                  f"  UserKnownHostsFile {known_hosts or self.work / 'known_hosts'}",
                  "  GlobalKnownHostsFile /dev/null"]
-        if failpoints:
-            lines.append(f"  SetEnv EDGEHFT_FAILPOINTS={failpoints}")
+        env = {**({"EDGEHFT_FAILPOINTS": failpoints} if failpoints else {}), **(env or {})}
+        if env:
+            lines.append("  SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()))
         if drop_after is not None:
             lines.append(f"  ProxyCommand {sys.executable} {ROOT}/tests/tools/drop_proxy.py %h %p {drop_after}")
+        if stall_after is not None:
+            lines.append(f"  ProxyCommand {sys.executable} {ROOT}/tests/tools/stall_proxy.py %h %p --after {stall_after}"
+                         + (f" --link {stall_link}" if stall_link else ""))
         path = self.work / name
         path.write_text("\n".join(lines) + "\n")
         return path

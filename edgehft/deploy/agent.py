@@ -1,20 +1,41 @@
 """The box agent: ``python -m edgehft.deploy.agent COMMAND --root INSTALL_DIR ...``, run over SSH by
 ``edgehft deploy``/``status``/``rollback`` and by the HIL plugin's remote target.
 
-It answers with one JSON object per line on stdout; a failure is ``{"error", "hint", "type"}`` and exit
-status 1. Commands:
+It answers with one JSON object per line on stdout; a failure is ``{"error", "hint", "type", "exit_code"}``
+and exit status 1 (2: bad arguments). Commands:
 
     probe                        facts about the box (edgehft.deploy.probe) and the install dir's status
-    receive --version V --bytes N --meta JSON   bundle tar on stdin -> incoming/V
+    hold --version V [--meta JSON] [--idle-timeout S]
+                                 hold the box for the deploy of V (deploy.hold): answers {"held": ...}, then
+                                 reads heartbeat lines on stdin until "done"; see "Holding the box" below
+    receive --version V --bytes N --meta JSON [--held] [--idle-timeout S]
+                                 bundle tar on stdin -> incoming/V
     verify --version V           SHA-256 of every staged file against the staged manifest
     golden --version V --board B [--emulate]   the bundle's golden vectors on the box's own runtime
-    activate --version V [--keep K]             re-verify, move to versions/, atomic switch of current
+    activate --version V [--keep K] [--held] [--expect-active V|none]
+                                 re-verify, move to versions/, atomic switch of previous and current
     rollback [--to V]            switch back (to the previous version by default)
     discard --version V --reason TEXT           drop a staged version that failed a check
     status                       what the box runs and keeps
     hil CHECK --board B [--options JSON] [--bundle DIR] [--emulate]
                                  a HIL check (edgehft.hil.checks: golden, latency, soak) on the box's
-                                 active bundle (or DIR), in the agent's process
+                                 active bundle (or DIR)
+
+Holding the box: a deploy runs ``hold`` over its own SSH connection for its whole length. ``receive
+--held`` and ``activate --held`` are refused unless that hold is still on for their version, and every
+changing step is refused while another deploy holds the box; the refusal names the holder (version, the
+host and pid it deploys from, since when, the agent's pid). The hold ends when the deploy writes "done", and
+at once when its connection closes without it (the deploy was killed) or nothing arrives for the idle
+timeout (a stalled link); then the agent removes that deploy's staged copy itself.
+
+Idle timeout: ``receive`` and ``hold`` give up when no byte arrives on stdin for ``--idle-timeout`` seconds
+(default ``$EDGEHFT_IDLE_TIMEOUT``, else 30): over a stalled link the agent removes its partial transfer,
+exits and frees the box, instead of blocking until TCP gives up.
+
+Crash isolation: ``golden`` and ``hil`` open the bundle's model with the board's runtime, which can crash
+the interpreter (e.g. SIGSEGV in native code). They run in a child process (the same command with
+``--in-child``, core dumps off); the agent survives the child's death and answers with a DeployError (exit
+9) that names the step and the signal, e.g. "golden crashed on the box: ... killed by SIGSEGV (signal 11)".
 
 A hang-up (the SSH connection dropped) or SIGTERM raises inside the agent, so a transfer in progress is
 removed before it exits; a SIGKILL leaves at most an ``incoming/*.partial`` directory, removed by the next
@@ -23,11 +44,17 @@ deploy. Nothing here imports TensorFlow; the golden and HIL commands import the 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import os
+import select
 import signal
+import subprocess
 import sys
 
-from edgehft.errors import EdgeHFTError
+from edgehft.errors import DeployError, EdgeHFTError
+
+ISOLATED = ("golden", "hil")        # commands that run the bundle's model: in a child process
 
 
 class HangUp(Exception):
@@ -76,22 +103,108 @@ def _hil(store, args) -> dict:
 
 
 def _abandon(store, args, reason: str) -> None:
-    """The deploy that staged ``args.version`` is gone (killed, connection dropped) during receive, verify or
-    golden: it will never switch to that version, so remove it now instead of leaving it to the next deploy."""
-    if args.command in ("receive", "verify", "golden") and args.version:
+    """The deploy that staged ``args.version`` is gone (killed, connection dropped) during hold, receive,
+    verify or golden: it will never switch to that version, so remove it now instead of leaving it to the
+    next deploy."""
+    if args.command in ("hold", "receive", "verify", "golden") and args.version:
+        if args.command == "hold" and not (store.incoming / args.version).is_dir():
+            return                  # nothing staged yet: nothing to log either
         try:
             store.discard(args.version, reason)
         except (EdgeHFTError, OSError):
             pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGHUP, _on_signal)          # first: a hang-up during the imports below is handled too
-    signal.signal(signal.SIGTERM, _on_signal)
-    from edgehft.deploy.store import Store
+def _wait_for_done(fd: int, timeout: float) -> str:
+    """Read the deploy's heartbeat lines on ``fd`` until it writes ``done``: ``"done"``; the end of the
+    stream first: ``"gone"``; no byte for ``timeout`` seconds: ``"stalled"``."""
+    tail = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            return "stalled"
+        data = os.read(fd, 4096)
+        if not data:
+            return "gone"
+        tail = (tail + data)[-8:]
+        if b"done" in tail:
+            return "done"
+
+
+def _hold(store, args) -> dict:
+    """Hold the box for the deploy of ``args.version`` until it says "done" (see the module docstring);
+    a deploy that went away or stalled loses its staged copy too. Returns ``{"released", "ended"}``."""
+    from edgehft.deploy.store import check_vid, idle_timeout
+    vid = check_vid(args.version)
+    timeout = idle_timeout(args.idle_timeout)
+    meta = json.loads(args.meta or "{}")
+    info = {"deploy": vid, "from_host": meta.get("from_host"), "client_pid": meta.get("client_pid")}
+    with store.hold(info):
+        ok = emit({"held": {**info, "agent_pid": os.getpid(), "active": store.active(), "idle_timeout": timeout}})
+        ended = _wait_for_done(sys.stdin.fileno(), timeout) if ok else "gone"
+        if ended != "done" and (store.incoming / vid).is_dir():
+            why = {"gone": "the deploy went away (its connection closed before it finished)",
+                   "stalled": f"the deploy's link stalled (no heartbeat for {timeout:g} s)"}[ended]
+            try:
+                store.discard(vid, why, wait_s=timeout + 5)
+            except EdgeHFTError:
+                pass                # a step still runs: the next deploy removes the copy once stale
+    return {"released": vid, "ended": ended}
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _isolated(args, argv: list[str]) -> dict:
+    """Run this agent command in a child process and return its last JSON object (a result or an error).
+
+    Raises:
+        DeployError: the child died without answering, e.g. killed by a signal (named, with the step).
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "edgehft.deploy.agent", *argv, "--in-child"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        out, _ = proc.communicate()
+    except BaseException:               # a hang-up or SIGTERM: the child goes with us
+        proc.kill()
+        proc.wait()
+        raise
+    lines = []
+    for raw in out.decode(errors="replace").splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except ValueError:
+            continue
+    step = f"{args.command} {args.check}" if args.command == "hil" and args.check else args.command
+    if proc.returncode < 0:
+        sig = -proc.returncode
+        raise DeployError(f"{step} crashed on the box: the process running the bundle's model was killed by "
+                          f"{_signal_name(sig)} (signal {sig}); nothing was switched",
+                          hint="the box's runtime crashes on this bundle (a damaged model, or a runtime bug); "
+                               "the box keeps serving its previous version")
+    if not lines or not isinstance(lines[-1], dict):
+        raise DeployError(f"{step} ended with status {proc.returncode} on the box without a result",
+                          hint="the box keeps serving its previous version; its stderr is in the ssh output")
+    return lines[-1]
+
+
+def _no_core_dumps() -> None:
+    """A child that may crash in native code leaves no core file to fill the box's disk."""
+    try:
+        import resource
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m edgehft.deploy.agent")
-    p.add_argument("command", choices=["probe", "receive", "verify", "golden", "activate", "rollback", "discard",
-                                       "status", "hil"])
+    p.add_argument("command", choices=["probe", "hold", "receive", "verify", "golden", "activate", "rollback",
+                                       "discard", "status", "hil"])
     p.add_argument("check", nargs="?")
     p.add_argument("--root", required=True)
     p.add_argument("--version")
@@ -104,28 +217,59 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reason", default="")
     p.add_argument("--options")
     p.add_argument("--bundle")
-    args = p.parse_args(argv)
+    p.add_argument("--held", action="store_true", help="the deploy holds the box (hold): refuse if it no longer does")
+    p.add_argument("--expect-active", help="activate: refuse unless this version (or 'none') is active")
+    p.add_argument("--idle-timeout", type=float, help="receive/hold: seconds without a byte before giving up")
+    p.add_argument("--in-child", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def _run(store, args):
+    """The command's result (dict); raises EdgeHFTError/HangUp."""
+    from edgehft.deploy.store import ANY, IdleStream, idle_timeout
+    if args.command == "probe":
+        from edgehft.deploy.probe import probe_box
+        return {"facts": probe_box(), "status": store.status()}
+    if args.command == "hold":
+        return _hold(store, args)
+    if args.command == "receive":
+        stream = IdleStream(sys.stdin.fileno(), idle_timeout(args.idle_timeout))
+        return store.receive(args.version, stream, args.bytes, json.loads(args.meta), held=args.held)
+    if args.command == "verify":
+        return store.verify(args.version)
+    if args.command == "golden":
+        return _golden(store, args)
+    if args.command == "activate":
+        expect = ANY if args.expect_active is None else (None if args.expect_active == "none" else args.expect_active)
+        return store.activate(args.version, keep=args.keep, expect=expect, held=args.held)
+    if args.command == "rollback":
+        return store.rollback(args.to)
+    if args.command == "discard":
+        return store.discard(args.version, args.reason)
+    if args.command == "hil":
+        return _hil(store, args)
+    return store.status()
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGHUP, _on_signal)          # first: a hang-up during the imports below is handled too
+    signal.signal(signal.SIGTERM, _on_signal)
+    faulthandler.enable()       # a crash in native code says which signal on stderr ("Fatal Python error: ...")
+    from edgehft.deploy.store import Store
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
     store = Store(args.root)
     try:
-        if args.command == "probe":
-            from edgehft.deploy.probe import probe_box
-            res = {"facts": probe_box(), "status": store.status()}
-        elif args.command == "receive":
-            res = store.receive(args.version, sys.stdin.buffer, args.bytes, json.loads(args.meta))
-        elif args.command == "verify":
-            res = store.verify(args.version)
-        elif args.command == "golden":
-            res = _golden(store, args)
-        elif args.command == "activate":
-            res = store.activate(args.version, keep=args.keep)
-        elif args.command == "rollback":
-            res = store.rollback(args.to)
-        elif args.command == "discard":
-            res = store.discard(args.version, args.reason)
-        elif args.command == "hil":
-            res = _hil(store, args)
+        if args.command in ISOLATED and not args.in_child:
+            answer = _isolated(args, argv)
+            if "error" in answer:
+                emit(answer)
+                return 1
+            res = answer.get("result")
         else:
-            res = store.status()
+            if args.in_child:
+                _no_core_dumps()
+            res = _run(store, args)
     except EdgeHFTError as exc:
         emit({"error": exc.args[0] if exc.args else str(exc), "hint": exc.hint, "type": type(exc).__name__,
               "exit_code": exc.exit_code})

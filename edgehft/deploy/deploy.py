@@ -1,20 +1,49 @@
 """``edgehft deploy``, ``status`` and ``rollback`` on the host: drive the box agent step by step over SSH.
 
 Steps, each its own ``ssh`` call (so a failure names its step): ``probe`` (is the box that board; what
-does it run) → ``upload`` (tar of the manifest's files into ``incoming/<vid>``) → ``verify`` (SHA-256 on the
-box) → ``golden`` (the bundle's golden vectors on the box's runtime: exact for int8 backends, the stated
-tolerance for float ones) → ``switch`` (re-verify, atomic ``current`` swap, older versions kept). Until
-``switch`` succeeds the box serves what it served before; a staged version that fails a check is removed
-and the failure is logged in the box's ``history.jsonl``.
+does it run) → ``hold`` (this deploy holds the box, see below) → ``upload`` (tar of the manifest's files into
+``incoming/<vid>``) → ``verify`` (SHA-256 on the box) → ``golden`` (the bundle's golden vectors on the box's
+runtime: exact for int8 backends, the stated tolerance for float ones) → ``switch`` (re-verify, atomic
+``previous`` and ``current`` swap, older versions kept). Until ``switch`` succeeds the box serves what it
+served before; a staged version that fails a check is removed and the failure is logged in the box's
+``history.jsonl``.
+
+One deploy at a time per box (design): a deploy is several ssh calls, so no single box process spans it.
+Two mechanisms, both on the box:
+
+- the **hold**: after the probe, the deploy runs ``agent hold`` over a connection of its own for the rest of
+  the deploy and feeds it a heartbeat line every quarter of the idle timeout. The agent holds ``flock`` on
+  ``deploy.hold`` with the deploy's version, host, pid and start time written in it. A second deploy's hold
+  is refused at once (exit 9, step ``hold``) with that description; ``upload`` and ``switch`` run with
+  ``--held`` and are refused if this deploy's hold has ended. The kernel drops the lock the moment the
+  holding agent exits, and it exits when the deploy says "done", when its connection closes (the deploy was
+  killed: its ssh dies with it) or after the idle timeout without a heartbeat (a stalled link), removing
+  the deploy's staged copy in the last two cases: a dead deploy never keeps the box;
+- **compare-and-swap** at the switch: ``activate --expect-active V`` (what the probe saw active) is refused
+  (exit 9) if the box was switched since, by a deploy that finished before this one took the hold or by a
+  rollback (``rollback`` is never blocked by a deploy: an operator's rollback wins, and the deploy's switch
+  is refused). So of concurrent deploys to one box at most one switches; each other one fails with exit 9
+  and a message naming the deploy that held or switched the box; none reports success with a version that
+  is not active.
+
+Exit behaviour (``DeployResult.exit_code``): 9 refused or failed on the box (held by another deploy,
+switched since the probe, the box agent killed by a signal, e.g. ``golden`` crashing the runtime: "golden
+crashed on the box: ... killed by SIGSEGV (signal 11)"), 10 unreachable or the link failed (a stalled link:
+"the link to the box stalled", after about half the idle timeout, see :mod:`edgehft.deploy.ssh`), 8 golden
+vectors not reproduced, 6 the local bundle. A deploy whose switch succeeded but could not be logged on the
+box (e.g. a full disk at ``history.jsonl``) is a success with ``warnings`` saying so; pruning was skipped.
 """
 from __future__ import annotations
 
 import io
 import json
+import os
 import secrets
 import socket
 import tarfile
+import threading
 import time
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -24,11 +53,11 @@ from typing import Callable
 from edgehft.boards import load_board
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
 from edgehft.deploy.probe import board_mismatches
-from edgehft.deploy.ssh import SshTarget, run_agent
+from edgehft.deploy.ssh import AgentSession, SshTarget, run_agent
 from edgehft.errors import DeployError, EdgeHFTError, GoldenMismatchError, RemoteError
 from edgehft.signing import SIGNATURE
 
-STEPS = ("probe", "upload", "verify", "golden", "switch")
+STEPS = ("probe", "hold", "upload", "verify", "golden", "switch")
 
 
 @dataclass
@@ -51,6 +80,7 @@ class DeployResult:
     golden: dict | None = None
     seconds: dict = field(default_factory=dict)
     plan: list[str] | None = None      # --dry-run: what would happen
+    warnings: list[str] = field(default_factory=list)    # e.g. the switch could not be logged on the box
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -75,6 +105,98 @@ def version_id(manifest_sha256: str, now: datetime | None = None) -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{manifest_sha256[:12]}-{secrets.token_hex(2)}"
 
 
+class BoxHold:
+    """This deploy's hold on the box (see the module docstring): ``agent hold`` over its own ssh connection,
+    a heartbeat thread, and "done" on leaving the ``with`` block.
+
+    Raises (on entering):
+        DeployError: another deploy holds the box (named), or the box's agent cannot hold it.
+        RemoteError: the box cannot be reached.
+    """
+
+    def __init__(self, target: SshTarget, vid: str, meta: dict):
+        self.target, self.vid, self.meta = target, vid, meta
+        self.session: AgentSession | None = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self.info: dict = {}
+
+    def __enter__(self) -> "BoxHold":
+        self.session = AgentSession(self.target, "hold", "--version", self.vid, "--meta", json.dumps(self.meta),
+                                    "--idle-timeout", f"{self.target.idle_timeout:g}")
+        first = self.session.first_line(timeout=60 + self.target.idle_timeout)
+        if not first or "held" not in first:
+            try:
+                self.session.finish(timeout=10)      # raises what the agent or ssh said
+                raise DeployError(f"{self.target.label}: the box agent did not confirm the hold",
+                                  hint="`edgehft status --host` shows what the box serves")
+            finally:
+                self.session.close()
+        self.info = first["held"]
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True)
+        self._beat.start()
+        return self
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.target.idle_timeout / 4):
+            if not self.session.send(b"\n"):
+                return
+
+    def check(self) -> None:
+        """Raises if the hold's connection has ended (RemoteError when ssh failed, DeployError else)."""
+        if self.session.alive():
+            return
+        self.session.finish(timeout=5)
+        raise DeployError(f"{self.target.label}: the box let go of this deploy's hold (its heartbeat was late)",
+                          hint="deploy again")
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=5)
+        try:
+            self.session.send(b"done\n")
+            self.session.finish(timeout=self.target.idle_timeout)
+        except EdgeHFTError:
+            pass                # the agent lets go on its own (end of stream, or the idle timeout)
+        finally:
+            self.session.close()
+
+
+class _Steps:
+    """The agent calls of one deploy: name the step in progress, call ``on_step``, check the hold, time it."""
+
+    def __init__(self, target: SshTarget, res: DeployResult, on_step, ctx: dict):
+        self.target, self.res, self.on_step, self.ctx = target, res, on_step, ctx
+        self.current = "bundle"
+        self.holding: BoxHold | None = None
+
+    def begin(self, name: str) -> float:
+        self.current = name
+        if self.on_step:
+            self.on_step(name, self.target, self.ctx)
+        return time.perf_counter()
+
+    def run(self, name: str, command: str, *args: str, **kw) -> dict:
+        t0 = self.begin(name)
+        if self.holding is not None:
+            self.holding.check()
+        lines = run_agent(self.target, command, *args, **kw)
+        self.res.seconds[name] = round(time.perf_counter() - t0, 3)
+        return lines[-1]["result"]
+
+    @contextmanager
+    def hold(self, vid: str, meta: dict):
+        t0 = self.begin("hold")
+        with BoxHold(self.target, vid, meta) as h:
+            self.res.seconds["hold"] = round(time.perf_counter() - t0, 3)
+            self.holding = h
+            try:
+                yield h
+            finally:
+                self.holding = None
+
+
 def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, *, force: bool = False,
            dry_run: bool = False, keep: int = 3, emulate: bool = False,
            on_step: Callable[[str, SshTarget, dict], None] | None = None) -> DeployResult:
@@ -88,11 +210,14 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         emulate: run the golden vectors on the box in emulation (accelerator boards without the device).
         on_step: called before each step with (step, target, context) — progress display and fault tests.
     Returns:
-        :class:`DeployResult`; ``exit_code`` 9 refused/failed (box unchanged), 10 unreachable, 8 golden
-        vectors not reproduced on the box (nothing switched), 6 the local bundle is broken.
+        :class:`DeployResult`; ``exit_code`` 9 refused/failed (box unchanged; also: held by another deploy,
+        switched since the probe, the agent killed by a signal), 10 unreachable or the link stalled, 8
+        golden vectors not reproduced on the box (nothing switched), 6 the local bundle is broken.
+        ``warnings``: e.g. the switch happened but could not be logged on the box (pruning skipped).
     """
     res = DeployResult(host=target.label, board=board or "?", install_dir=target.install_dir)
-    step = "bundle"
+    ctx: dict = {}
+    steps = _Steps(target, res, on_step, ctx)
     try:
         b = load_bundle(bundle_dir, verify=True)
         b.require_golden()           # none (compile could not make them): refused before the box is touched
@@ -107,30 +232,8 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         nbytes = sum((b.path / f).stat().st_size for f in files)
         bundle_sha = sha256_file(b.path / MANIFEST)
         vid = version_id(bundle_sha)
-        ctx = {"bundle": str(b.path), "version": vid, "files": len(files), "bytes": nbytes}
-
-        def run(step_name: str, command: str, *args: str, **kw) -> dict:
-            nonlocal step
-            step = step_name
-            if on_step:
-                on_step(step_name, target, ctx)
-            t0 = time.perf_counter()
-            lines = run_agent(target, command, *args, **kw)
-            res.seconds[step_name] = round(time.perf_counter() - t0, 3)
-            return lines[-1]["result"]
-
-        probed = run("probe", "probe")
-        facts, status = probed["facts"], probed["status"]
-        res.active_before = res.active_after = status.get("active")
-        res.box_reached = True
-        ctx.update(facts=facts, status=status)
-        native = b.manifest.quantization.mode.startswith("native")
-        for why in board_mismatches(spec, facts, b.manifest.format_version, needs_cxx=native,
-                                    needs_amx=b.manifest.quantization.mode == "native-bf16"):
-            if not force:
-                raise DeployError(f"the box is not a {name}: {why}",
-                                  hint="deploy to the right box, or pass --force if you know better")
-            res.forced.append(f"box: {why}")
+        ctx.update(bundle=str(b.path), version=vid, files=len(files), bytes=nbytes)
+        status = _probe(steps, b, spec, force, res)
         res.version = vid
         if dry_run:
             res.ok = True
@@ -144,32 +247,59 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         meta = {"bundle_sha256": bundle_sha, "board": name, "model_file": b.manifest.model_file,
                 "model_sha256": b.manifest.files.get(b.manifest.model_file), "compiled_utc": b.manifest.created_utc,
                 "files": len(files), "bytes": nbytes, "from_host": socket.gethostname(), "forced": res.forced}
-        run("upload", "receive", "--version", vid, "--bytes", str(nbytes), "--meta", json.dumps(meta),
-            input_bytes=_tar_bundle(b.path, files))
-        try:
-            run("verify", "verify", "--version", vid)
-            golden_args = ["--emulate"] if emulate else []
-            # the golden vectors run as the bundle's own board (with --force the box may be labelled otherwise)
-            res.golden = run("golden", "golden", "--version", vid, "--board", b.manifest.board, *golden_args)
-            if not res.golden["ok"]:
-                g = res.golden
-                raise GoldenMismatchError(f"golden vectors differ on the box: {g['count'] - g['matched']} of "
-                                          f"{g['count']} (max diff {g['max_diff']}, {g['compare']}, ran on "
-                                          f"{g['path']}; expected {g['expected_path']})",
-                                          hint="the box's runtime does not compute what the bundle was "
-                                               "compiled to compute; nothing was switched")
-        except EdgeHFTError as exc:
-            _discard(target, vid, f"{step}: {exc.args[0]}")
-            raise
-        switched = run("switch", "activate", "--version", vid, "--keep", str(keep))
-        res.active_after = switched["active"]
+        with steps.hold(vid, {"from_host": meta["from_host"], "client_pid": os.getpid()}):
+            _install(steps, b, files, vid, meta, status.get("active"), keep=keep, emulate=emulate)
         res.ok = True
     except EdgeHFTError as exc:
-        res.step, res.error, res.hint, res.exit_code = step, exc.args[0], exc.hint, exc.exit_code
-        if isinstance(exc, RemoteError) and step == "switch":
+        res.step, res.error, res.hint, res.exit_code = steps.current, exc.args[0], exc.hint, exc.exit_code
+        if isinstance(exc, RemoteError) and steps.current == "switch":
             res.hint = ("the connection dropped during the switch: the box is on the old or the new version, "
                         "never between; `edgehft status --host` tells which")
     return res
+
+
+def _probe(steps: _Steps, b, spec, force: bool, res: DeployResult) -> dict:
+    """Run the probe, check the box is ``spec``'s board (or record what ``force`` overrode); returns the
+    box's install-dir status. Raises DeployError for a mismatch without ``force``."""
+    probed = steps.run("probe", "probe")
+    facts, status = probed["facts"], probed["status"]
+    res.active_before = res.active_after = status.get("active")
+    res.box_reached = True
+    steps.ctx.update(facts=facts, status=status)
+    native = b.manifest.quantization.mode.startswith("native")
+    for why in board_mismatches(spec, facts, b.manifest.format_version, needs_cxx=native,
+                                needs_amx=b.manifest.quantization.mode == "native-bf16"):
+        if not force:
+            raise DeployError(f"the box is not a {res.board}: {why}",
+                              hint="deploy to the right box, or pass --force if you know better")
+        res.forced.append(f"box: {why}")
+    return status
+
+
+def _install(steps: _Steps, b, files: list[str], vid: str, meta: dict, expect: str | None, *, keep: int,
+             emulate: bool) -> None:
+    """Upload, verify, golden and switch, holding the box; a failure removes the staged copy and raises."""
+    res, target = steps.res, steps.target
+    steps.run("upload", "receive", "--version", vid, "--bytes", str(meta["bytes"]), "--meta", json.dumps(meta),
+              "--held", "--idle-timeout", f"{target.idle_timeout:g}", input_bytes=_tar_bundle(b.path, files))
+    try:
+        steps.run("verify", "verify", "--version", vid)
+        golden_args = ["--emulate"] if emulate else []
+        # the golden vectors run as the bundle's own board (with --force the box may be labelled otherwise)
+        res.golden = g = steps.run("golden", "golden", "--version", vid, "--board", b.manifest.board, *golden_args)
+        if not g["ok"]:
+            raise GoldenMismatchError(f"golden vectors differ on the box: {g['count'] - g['matched']} of "
+                                      f"{g['count']} (max diff {g['max_diff']}, {g['compare']}, ran on "
+                                      f"{g['path']}; expected {g['expected_path']})",
+                                      hint="the box's runtime does not compute what the bundle was "
+                                           "compiled to compute; nothing was switched")
+        switched = steps.run("switch", "activate", "--version", vid, "--keep", str(keep), "--held",
+                             "--expect-active", expect or "none")
+    except EdgeHFTError as exc:
+        _discard(target, vid, f"{steps.current}: {exc.args[0]}")
+        raise
+    res.active_after = switched["active"]
+    res.warnings += switched.get("warnings") or []
 
 
 def _discard(target: SshTarget, vid: str, reason: str) -> None:

@@ -10,25 +10,50 @@ box; the agent answers with JSON lines on stdout. Safety rules kept here, in one
 - the target is validated (user, host and port characters) and passed as ``-l user -p port host``; a
   host cannot start with ``-`` and so never becomes an ssh option;
 - the remote command line is built with :func:`shlex.join`, so paths and names reach the agent as single
-  arguments whatever they contain (the remote shell sees them quoted).
+  arguments whatever they contain (the remote shell sees them quoted);
+- keepalives: ``ServerAliveInterval`` (a sixth of the target's idle timeout, at least 1 s) and
+  ``ServerAliveCountMax=3``, so a stalled link (connection open, no bytes) ends the call within about half
+  the idle timeout (default 30 s: 15-20 s) as exit 10, instead of the step's whole time limit; the box
+  agent gives up on its side after the idle timeout (``--idle-timeout``, see :mod:`edgehft.deploy.agent`).
+  ``$EDGEHFT_IDLE_TIMEOUT`` sets the default for both;
+- ssh's own messages go to a log file of their own (``-E``, ``LogLevel=DEBUG1``), apart from the remote
+  program's stderr, so what the box agent or its runtime print can never be mistaken for ssh failing.
+
+Exit status of ``ssh`` and what it becomes (OpenSSH 9.2, checked against a real sshd): a remote command
+killed by a signal makes ssh exit 255, the same status as its own failures, and ssh prints nothing; only
+its debug log says ``rtype exit-signal`` (the signal's name is not reported). So: 255 with that line, or a
+status 129-254 (a shell on the box that reports a signal as 128+N), is the agent dying on the box:
+:class:`DeployError`, exit 9, naming the command and the signal where known (from the status, or from the
+"Fatal Python error: Segmentation fault" line the agent's faulthandler prints; a SIGKILL leaves neither);
+255 without it is ssh's own failure (connection, authentication, host key, stall):
+:class:`RemoteError`/:class:`HostKeyError`, exit 10. Steps that run the bundle's model (golden, HIL checks)
+run in a child process on the box, so there the agent itself reports the crash with the signal's name.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 
 from edgehft.errors import DeployError, HostKeyError, InputError, RemoteError
 
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 _HOST = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})|\[[0-9A-Fa-f:.]+\])$")
-SSH_OPTIONS = ("BatchMode=yes", "StrictHostKeyChecking=yes", "ConnectTimeout=10",
-               "ServerAliveInterval=5", "ServerAliveCountMax=3", "LogLevel=ERROR")
+SSH_OPTIONS = ("BatchMode=yes", "StrictHostKeyChecking=yes", "ConnectTimeout=10")
+IDLE_TIMEOUT_ENV = "EDGEHFT_IDLE_TIMEOUT"
+DEFAULT_IDLE_TIMEOUT_S = 30.0
+_FATAL = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Floating point exception": "SIGFPE",
+          "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}    # the agent's faulthandler names these
+_BENIGN_LOG = ("Authenticated to ", "Transferred: ", "Bytes per second: ")     # ssh's INFO lines on success
 
 
 @dataclass(frozen=True)
@@ -36,7 +61,9 @@ class SshTarget:
     """A box: ``user@host[:port]`` (user and port optional: ssh config or the board's defaults fill them).
 
     ``python`` is the interpreter on the box that has edgehft installed; ``install_dir`` the box
-    directory holding ``versions/`` and the ``current`` symlink; ``extra_env`` variables the agent runs with.
+    directory holding ``versions/`` and the ``current`` symlink; ``extra_env`` variables the agent runs with;
+    ``idle_timeout`` the seconds without a byte after which either end gives up on a connection (ssh's
+    keepalives on this side, the agent's ``--idle-timeout`` on the box).
     """
 
     host: str
@@ -46,6 +73,7 @@ class SshTarget:
     install_dir: str = "/opt/edgehft"
     ssh_config: str | None = None
     extra_env: dict = field(default_factory=dict, compare=False)
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S
 
     @property
     def label(self) -> str:
@@ -53,15 +81,34 @@ class SshTarget:
         return f"{who}{self.host}" + (f":{self.port}" if self.port else "")
 
 
+def idle_timeout_default() -> float:
+    """``$EDGEHFT_IDLE_TIMEOUT`` seconds, else 30.
+
+    Raises:
+        InputError: the variable is not a positive number of seconds.
+    """
+    raw = os.environ.get(IDLE_TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_IDLE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 86400:
+        raise InputError(f"{IDLE_TIMEOUT_ENV}={raw!r} is not a number of seconds", hint="e.g. 30 (the default)")
+    return value
+
+
 def parse_target(text: str, *, board=None, python: str | None = None, install_dir: str | None = None,
-                 ssh_config: str | None = None) -> SshTarget:
+                 ssh_config: str | None = None, idle_timeout: float | None = None) -> SshTarget:
     """Parse ``user@host[:port]`` (IPv6 as ``[addr]:port``) and fill unset parts from ``board.ssh``.
 
     A user or port the text leaves out comes from the board file only when given there; otherwise the
-    user's ssh config decides (``Host`` aliases work).
+    user's ssh config decides (``Host`` aliases work). ``idle_timeout`` (seconds) defaults to
+    :func:`idle_timeout_default`.
 
     Raises:
-        InputError: characters that are not a user name, host name, address or port.
+        InputError: characters that are not a user name, host name, address or port; a bad idle timeout.
     """
     raw = text.strip()
     user = None
@@ -90,9 +137,12 @@ def parse_target(text: str, *, board=None, python: str | None = None, install_di
     bad = [k for k in env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
     if bad:
         raise InputError(f"board {board.name}: [ssh] env names {bad} are not variable names")
+    if idle_timeout is not None and not 0 < idle_timeout < 86400:
+        raise InputError(f"idle timeout {idle_timeout!r} s is out of range", hint="e.g. 30 (the default)")
     return SshTarget(host=host, user=user or ssh.get("user"), port=port or ssh.get("port"), extra_env=env,
                      python=python or ssh.get("python", "python3"),
-                     install_dir=install_dir or ssh.get("install_dir", "/opt/edgehft"), ssh_config=ssh_config)
+                     install_dir=install_dir or ssh.get("install_dir", "/opt/edgehft"), ssh_config=ssh_config,
+                     idle_timeout=idle_timeout if idle_timeout is not None else idle_timeout_default())
 
 
 def _ssh_g(host: str, config: str) -> dict:
@@ -116,13 +166,23 @@ def _config_sets(host: str, ssh_config: str | None) -> set[str]:
     return {"user", "port"} if any(with_cfg.get(k) != bare.get(k) for k in keys) else set()
 
 
-def ssh_argv(target: SshTarget, remote_argv: list[str]) -> list[str]:
-    """The local ``ssh`` command line that runs ``remote_argv`` on the box (each element one argument)."""
+def keepalive_options(idle_timeout: float) -> list[str]:
+    """``ServerAliveInterval`` (a sixth of ``idle_timeout`` seconds, at least 1) and ``ServerAliveCountMax=3``:
+    ssh gives up on a silent server within about half the idle timeout."""
+    return [f"ServerAliveInterval={max(1, int(idle_timeout // 6))}", "ServerAliveCountMax=3"]
+
+
+def ssh_argv(target: SshTarget, remote_argv: list[str], log_file: str | None = None) -> list[str]:
+    """The local ``ssh`` command line that runs ``remote_argv`` on the box (each element one argument);
+    with ``log_file``, ssh's own messages go there (``-E``, debug level 1), not to its stderr."""
     argv = ["ssh"]
     if target.ssh_config:
         argv += ["-F", target.ssh_config]
-    for opt in SSH_OPTIONS:
+    for opt in (*SSH_OPTIONS, *keepalive_options(target.idle_timeout),
+                "LogLevel=DEBUG1" if log_file else "LogLevel=ERROR"):
         argv += ["-o", opt]
+    if log_file:
+        argv += ["-E", log_file]
     if target.user:
         argv += ["-l", target.user]
     if target.port:
@@ -161,6 +221,11 @@ def classify_ssh_failure(target: SshTarget, stderr: str) -> RemoteError:
                   "someone in between) before removing the old entry with ssh-keygen -R" if changed else
                   "check the box's key fingerprint out of band, then add it: " + _keyscan_hint(target)
                   + " (edgehft never accepts keys itself)"))
+    if "not responding" in text:
+        return RemoteError(f"{target.label}: the link to the box stalled: no answer to keepalives ({last})",
+                           hint=f"the box agent gives up on its side after its idle timeout "
+                                f"({target.idle_timeout:g} s) and frees the box; check the network, then "
+                                "`edgehft status --host` shows what the box serves")
     if "Permission denied" in text:
         return RemoteError(f"{target.label}: authentication failed ({last})",
                            hint="edgehft runs ssh in BatchMode: load the key into ssh-agent or name it in "
@@ -179,54 +244,198 @@ def _die_with_parent() -> None:
         pass                                              # not Linux: Ctrl-C still reaches the process group
 
 
+def _json_lines(text: str) -> list[dict]:
+    lines = []
+    for raw in text.splitlines():
+        raw = raw.strip()
+        if raw.startswith("{"):
+            try:
+                row = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                lines.append(row)
+    return lines
+
+
+def _ssh_messages(log: str) -> str:
+    """ssh's own messages from its ``-E`` log: no debug lines, no success chatter."""
+    return "\n".join(ln for ln in log.splitlines() if ln.strip() and not ln.startswith("debug")
+                     and not ln.startswith(_BENIGN_LOG))
+
+
+def agent_outcome(target: SshTarget, command: str, returncode: int, stdout: str, stderr: str,
+                  ssh_log: str) -> list[dict]:
+    """The agent's JSON lines from one finished ``ssh`` call, or the error it amounts to.
+
+    Args:
+        returncode: ssh's exit status; stdout/stderr: the remote command's output; ssh_log: ssh's ``-E``
+            log (debug level 1).
+    Raises:
+        DeployError: the agent reported an error (its message and hint are passed on), or it died on the box
+            without answering (killed by a signal: named when the status says which).
+        RemoteError / HostKeyError: ssh itself failed (exit 255 without a remote signal).
+    """
+    lines = _json_lines(stdout)
+    errors = [ln for ln in lines if "error" in ln]
+    if errors:
+        e = errors[-1]
+        raise DeployError(f"{target.label}: {e['error']}", hint=e.get("hint"))
+    signalled = "rtype exit-signal" in ssh_log
+    if returncode == 255 and not signalled:
+        raise classify_ssh_failure(target, _ssh_messages(ssh_log) or stderr)
+    if returncode == 0 and lines:
+        return lines
+    tail = stderr.strip().splitlines()[-3:] if stderr.strip() else []
+    if returncode == 127:
+        raise DeployError(f"{target.label}: {target.python} was not found on the box",
+                          hint="pass --remote-python with the path of the Python that has edgehft installed")
+    if "No module named edgehft" in stderr or "No module named 'edgehft" in stderr:
+        raise DeployError(f"{target.label}: edgehft is not installed for {target.python} on the box",
+                          hint="pip install edgehft on the box, or pass --remote-python PATH")
+    if f"invalid choice: '{command}'" in stderr:
+        raise DeployError(f"{target.label}: the box's edgehft agent has no `{command}` command (it is older than "
+                          "this edgehft)", hint="upgrade edgehft on the box to this version")
+    fatal = re.search(r"Fatal Python error: (%s)" % "|".join(_FATAL), stderr)
+    if signalled or 128 < returncode < 255:
+        sig = f"{_signal_name(returncode - 128)} (status {returncode})" if returncode != 255 else \
+            _FATAL[fatal.group(1)] if fatal else "a signal"
+        how = f"was killed by {sig} on the box"
+        if fatal:
+            tail = [fatal.group(0)]         # not the Python stack faulthandler prints after it
+    else:
+        how = f"ended with status {returncode}"
+    raise DeployError(f"{target.label}: the box agent `{command}` {how} "
+                      f"without a result ({' | '.join(tail) or 'no output'})",
+                      hint="the agent was killed or crashed on the box; `edgehft status --host` shows what "
+                           "it runs now")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def run_agent(target: SshTarget, command: str, *args: str, stdin=None, input_bytes: bytes | None = None,
               timeout: float = 600.0) -> list[dict]:
     """Run one agent command on the box and return its JSON lines.
+
+    ssh's stderr and log go to temporary files, not pipes, so a process that outlives ssh holding them (a
+    ProxyCommand) cannot keep this call waiting once ssh has exited.
 
     Args:
         stdin: a file object streamed to the agent (e.g. the bundle tar), or None.
         input_bytes: bytes sent to the agent's stdin instead.
         timeout: seconds before the local ssh is killed (the box cleans up as on a dropped connection).
     Raises:
-        RemoteError / HostKeyError: ssh itself failed (exit 255).
-        DeployError: the agent reported an error (its message and hint are passed on), or it died
-            without answering (e.g. killed on the box).
+        RemoteError / HostKeyError: ssh itself failed (exit 255), or ``timeout`` passed.
+        DeployError: see :func:`agent_outcome`.
     """
-    argv = ssh_argv(target, agent_argv(target, command, *args))
+    tmp = tempfile.mkdtemp(prefix="edgehft-ssh-")
     try:
-        proc = subprocess.run(argv, stdin=stdin, input=input_bytes, capture_output=True, timeout=timeout,
-                              preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-    except subprocess.TimeoutExpired:
-        raise RemoteError(f"{target.label}: `{command}` did not finish within {timeout:.0f} s",
-                          hint="the connection may have stalled; `edgehft status --host` shows what the box runs")
-    except FileNotFoundError:
-        raise RemoteError("no `ssh` client on this machine", hint="install OpenSSH (apt-get install openssh-client)")
-    stderr = proc.stderr.decode(errors="replace")
-    lines = []
-    for raw in proc.stdout.decode(errors="replace").splitlines():
-        raw = raw.strip()
-        if raw.startswith("{"):
+        log = os.path.join(tmp, "ssh.log")
+        argv = ssh_argv(target, agent_argv(target, command, *args), log_file=log)
+        with open(os.path.join(tmp, "stderr"), "w+b") as err:
             try:
-                lines.append(json.loads(raw))
-            except json.JSONDecodeError:
-                pass
-    errors = [ln for ln in lines if "error" in ln]
-    if errors:
-        e = errors[-1]
-        raise DeployError(f"{target.label}: {e['error']}", hint=e.get("hint"))
-    if proc.returncode == 255 and stderr.strip():
-        raise classify_ssh_failure(target, stderr)
-    if proc.returncode != 0 or not lines:
-        tail = stderr.strip().splitlines()[-3:] if stderr.strip() else []
-        if proc.returncode == 127:
-            raise DeployError(f"{target.label}: {target.python} was not found on the box",
-                              hint="pass --remote-python with the path of the Python that has edgehft installed")
-        if "No module named edgehft" in stderr or "No module named 'edgehft" in stderr:
-            raise DeployError(f"{target.label}: edgehft is not installed for {target.python} on the box",
-                              hint="pip install edgehft on the box, or pass --remote-python PATH")
-        how = "was killed by a signal" if proc.returncode == 255 else f"ended with status {proc.returncode}"
-        raise DeployError(f"{target.label}: the box agent `{command}` {how} "
-                          f"without a result ({' | '.join(tail) or 'no output'})",
-                          hint="the agent was killed or crashed on the box; `edgehft status --host` shows what "
-                               "it runs now")
-    return lines
+                proc = subprocess.run(argv, stdin=stdin, input=input_bytes, stdout=subprocess.PIPE, stderr=err,
+                                      timeout=timeout, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+            except subprocess.TimeoutExpired:
+                raise RemoteError(f"{target.label}: `{command}` did not finish within {timeout:.0f} s",
+                                  hint="the connection may have stalled; `edgehft status --host` shows what the "
+                                       "box runs") from None
+            except FileNotFoundError:
+                raise RemoteError("no `ssh` client on this machine",
+                                  hint="install OpenSSH (apt-get install openssh-client)") from None
+            err.seek(0)
+            stderr = err.read().decode(errors="replace")
+        return agent_outcome(target, command, proc.returncode, proc.stdout.decode(errors="replace"), stderr,
+                             _read_text(log))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+class AgentSession:
+    """One agent command kept running over its own ssh connection (``hold``), with pipes to its stdin
+    and stdout. :meth:`first_line` waits for its first JSON line, :meth:`send` writes to it, :meth:`finish`
+    ends it and returns its JSON lines as :func:`run_agent` would (or raises as it would).
+
+    Raises (constructor):
+        RemoteError: no ``ssh`` client on this machine.
+    """
+
+    def __init__(self, target: SshTarget, command: str, *args: str):
+        self.target, self.command = target, command
+        self.tmp = tempfile.mkdtemp(prefix="edgehft-ssh-")
+        self.log = os.path.join(self.tmp, "ssh.log")
+        self.err = open(os.path.join(self.tmp, "stderr"), "w+b")
+        self.out = b""
+        self._ended: tuple | None = None          # (returncode, stdout, stderr, ssh log) once finished
+        try:
+            self.proc = subprocess.Popen(ssh_argv(target, agent_argv(target, command, *args), log_file=self.log),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
+                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        except FileNotFoundError:
+            self.close()
+            raise RemoteError("no `ssh` client on this machine",
+                              hint="install OpenSSH (apt-get install openssh-client)") from None
+
+    def first_line(self, timeout: float) -> dict | None:
+        """The agent's first JSON line, or None if it ended (or ``timeout`` seconds passed) without one."""
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.out:
+            left = deadline - time.monotonic()
+            ready = select.select([fd], [], [], max(0.0, left))[0] if left > 0 else []
+            if not ready:
+                return None
+            data = os.read(fd, 65536)
+            if not data:
+                return None
+            self.out += data
+        lines = _json_lines(self.out.split(b"\n", 1)[0].decode(errors="replace"))
+        return lines[0] if lines else None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, data: bytes) -> bool:
+        """Write ``data`` to the agent's stdin; False when the connection is gone."""
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def finish(self, timeout: float) -> list[dict]:
+        """Close the agent's stdin, wait up to ``timeout`` s for ssh to exit (then kill it) and return the
+        agent's JSON lines; errors as :func:`agent_outcome`. Calling it again gives the same answer."""
+        if self._ended is None:
+            try:
+                rest, _ = self.proc.communicate(timeout=timeout)          # flushes and closes stdin first
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                rest, _ = self.proc.communicate()
+            self.err.seek(0)
+            self._ended = (self.proc.returncode, (self.out + (rest or b"")).decode(errors="replace"),
+                           self.err.read().decode(errors="replace"), _read_text(self.log))
+        return agent_outcome(self.target, self.command, *self._ended)
+
+    def close(self) -> None:
+        """Kill ssh if it still runs, and remove the temporary files."""
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self.err.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,19 +1,39 @@
-"""The box's install directory: versioned bundles, one ``current`` symlink, a history log. Runs on the box.
+"""The box's install directory: versioned bundles, ``current`` and ``previous`` symlinks, a history log. Runs
+on the box.
 
 Layout under ``root`` (the board file's ``[ssh] install_dir``)::
 
     current -> versions/<vid>        the active bundle: what a serving process opens
+    previous -> versions/<vid>       the version active before it: what ``rollback`` goes back to
     versions/<vid>/                  complete, verified bundles (the active one and previous ones)
     incoming/<vid>.partial/          a transfer in progress (or one killed mid-way: removed by the next deploy)
     incoming/<vid>/                  received in full, not yet active (verify and golden run here)
     meta/<vid>.json                  where a version came from (bundle and model SHA-256, board, times)
     history.jsonl                    every switch, rollback and failed attempt, one JSON object per line
-    deploy.lock                      flock held by receive, activate, rollback and discard
+    deploy.lock                      flock held by each step that changes the directory (receive, activate,
+                                     rollback, discard); while held it names the step, version, pid and time
+    deploy.hold                      flock held by ``agent hold`` for one whole deploy (see
+                                     :mod:`edgehft.deploy.deploy`); while held it names that deploy
 
-Invariants: ``current`` only ever changes by ``rename(2)`` of a fresh symlink over it (atomic on POSIX), and
-only to a directory under ``versions/`` whose files were just checked against its manifest; nothing under
-``versions/`` is modified after it is moved there, only removed by pruning (never the active or the previous
-version). A version id is ``YYYYmmddTHHMMSSZ-<first 12 hex of the manifest's SHA-256>``.
+Invariants: ``current`` and ``previous`` only ever change by ``rename(2)`` of a fresh symlink over them
+(atomic on POSIX), ``previous`` first: a switch cut between the two renames leaves ``previous`` equal to
+``current``, which reads as "not known from the links". ``current`` only ever points to a directory under
+``versions/`` whose files were just checked against its manifest; nothing under ``versions/`` is modified
+after it is moved there, only removed by pruning, which never removes the active or the previous version.
+The active and previous versions are read from the links, never from ``history.jsonl`` alone: the log is a
+record, and a line lost to a full disk or a crash cannot make pruning delete the previous version. Where
+the links do not say (a box installed before the ``previous`` link existed, or a switch cut between the
+renames), :meth:`Store.previous_info` falls back to the history, then to the newest other version, and
+says which; pruning is skipped whenever the version active before a switch is unknown, and whenever the
+switch could not be logged (the activation result then carries a warning). A version id is
+``YYYYmmddTHHMMSSZ-<first 12 hex of the manifest's SHA-256>-<4 hex>``.
+
+Locks: both are ``flock(2)`` locks, taken without waiting, so the kernel releases them the moment their
+holder exits, however it exits: a lock whose holder is gone is free at once, and the holder's description
+left in the file is ignored. A step that finds a lock held is refused (:class:`DeployError`, exit 9) with
+the holder's own description. The agents that hold a lock for a long time read the SSH channel with an
+idle timeout (:class:`IdleStream`, :data:`IDLE_TIMEOUT_ENV`, default 30 s), so an agent whose client went
+away over a stalled link gives up and exits instead of holding the box.
 """
 from __future__ import annotations
 
@@ -22,6 +42,7 @@ import fcntl
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import sys
@@ -40,15 +61,116 @@ STALE_STAGED_S = 600.0
 FAILPOINTS_ENV = "EDGEHFT_FAILPOINTS"
 
 
+IDLE_TIMEOUT_ENV = "EDGEHFT_IDLE_TIMEOUT"
+DEFAULT_IDLE_TIMEOUT_S = 30.0
+ANY = object()          # activate(expect=ANY): no check of what is active
+
+
 def failpoint(name: str) -> None:
     """Fault injection for the deploy tests, from the comma-separated ``EDGEHFT_FAILPOINTS`` environment
-    variable: ``name`` SIGKILLs this process there (a real kill, as a power cut or OOM kill would);
-    ``name=pause`` sleeps 5 s there (time for a test to cut the connection at that point)."""
+    variable. At the point ``name``: ``name`` SIGKILLs this process (a real kill, as a power cut or OOM kill
+    would); ``name=pause`` sleeps 5 s (time for a test to cut the connection there); ``name=segv`` kills it
+    with SIGSEGV, as a crash in native code would (core dumps off); ``name=enospc`` raises
+    ``OSError(ENOSPC)``, as a write to a full disk does."""
     points = os.environ.get(FAILPOINTS_ENV, "").split(",")
     if name in points:
         os.kill(os.getpid(), signal.SIGKILL)
     if f"{name}=pause" in points:
         time.sleep(5)
+    if f"{name}=segv" in points:
+        import resource
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        sys.stderr.write(f"edgehft failpoint {name}: SIGSEGV\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if f"{name}=enospc" in points:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (failpoint {name})")
+
+
+def idle_timeout(seconds: float | None = None) -> float:
+    """Seconds without a byte after which the agent gives up on its SSH channel: ``seconds`` if given (the
+    deploy passes its own), else ``$EDGEHFT_IDLE_TIMEOUT``, else 30.
+
+    Raises:
+        DeployError: not a positive number.
+    """
+    raw = seconds if seconds is not None else os.environ.get(IDLE_TIMEOUT_ENV, DEFAULT_IDLE_TIMEOUT_S)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not 0 < value < 86400:
+        raise DeployError(f"idle timeout {raw!r} is not a number of seconds (0 < s < 86400)",
+                          hint=f"set {IDLE_TIMEOUT_ENV} or --idle-timeout to e.g. 30")
+    return value
+
+
+class StalledLink(DeployError):
+    """No byte arrived on the SSH channel for the idle timeout: the deploy at the other end is gone or cut off."""
+
+
+class IdleStream:
+    """A binary read stream over file descriptor ``fd`` (the agent's stdin, i.e. the SSH channel) whose
+    ``read(n)`` returns up to ``n`` bytes (``b""`` at the end of the stream) and raises :class:`StalledLink`
+    when no byte arrives for ``timeout`` seconds."""
+
+    def __init__(self, fd: int, timeout: float):
+        self.fd, self.timeout = fd, timeout
+
+    def read(self, n: int = -1) -> bytes:
+        ready, _, _ = select.select([self.fd], [], [], self.timeout)
+        if not ready:
+            raise StalledLink(f"no byte from the deploy for {self.timeout:g} s: the link stalled or the deploy "
+                              "is gone", hint="check the network to the box, then deploy again")
+        return os.read(self.fd, n if n and n > 0 else 1 << 16)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_info(fd: int, info: dict | None) -> None:
+    """Replace a lock file's content with ``info`` (None: empty). Best effort: a full disk only loses the
+    description, never the lock."""
+    try:
+        os.ftruncate(fd, 0)
+        if info:
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+    except OSError:
+        pass
+
+
+def _read_info(fd: int) -> dict:
+    try:
+        info = json.loads(os.pread(fd, 1 << 16, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def describe_holder(info: dict) -> str:
+    """One line naming who holds a lock, from what the holder wrote into the lock file (``{}``: it did not
+    say: an older edgehft, or a holder that is just starting)."""
+    if not info or not _alive(info.get("pid")):
+        return "a process that did not say who it is (an older edgehft agent?)"
+    if info.get("deploy"):
+        src = f" from {info['from_host']}" + (f" (pid {info['client_pid']} there)" if info.get("client_pid") else "") \
+            if info.get("from_host") else ""
+        return f"the deploy of {info['deploy']}{src}, holding the box since {info.get('since')} (agent pid {info['pid']})"
+    what = info.get("step", "a step") + (f" of {info['version']}" if info.get("version") else "")
+    return f"{what} (agent pid {info['pid']}, since {info.get('since')})"
 
 
 def _now() -> str:
@@ -84,7 +206,10 @@ class Store:
         self.incoming = self.root / "incoming"
         self.meta = self.root / "meta"
         self.current = self.root / "current"
+        self.previous_link = self.root / "previous"
         self.history_file = self.root / "history.jsonl"
+        self.lock_file = self.root / "deploy.lock"
+        self.hold_file = self.root / "deploy.hold"
 
     # -- state --------------------------------------------------------------------------------------
     def active(self) -> str | None:
@@ -94,25 +219,52 @@ class Store:
         except OSError:
             return None
 
+    def installed(self) -> list[str]:
+        """The version ids under ``versions/``, oldest first."""
+        return sorted(p.name for p in self.versions.iterdir() if p.is_dir()) if self.versions.is_dir() else []
+
     def history(self) -> list[dict]:
         if not self.history_file.exists():
             return []
         rows = []
-        for line in self.history_file.read_text().splitlines():
+        for line in self.history_file.read_text(errors="replace").splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
-                continue                # a line cut by a crash mid-append
+                continue                # a line cut by a crash or a full disk mid-append
+            if isinstance(row, dict):
+                rows.append(row)
         return rows
 
-    def previous(self) -> str | None:
-        """The version that was active before the current one (None if none, or it was pruned)."""
+    def previous_info(self) -> tuple[str | None, str]:
+        """The version that was active before the current one, and how that is known.
+
+        Returns:
+            ``(vid or None, source)``; source ``"link"``: the ``previous`` symlink (certain); ``"history"``:
+            no usable link (a box installed before the link existed, or a switch cut between its two
+            renames), so the last ``history.jsonl`` record of the active version's activation; ``"newest"``:
+            no such record either (a damaged log), so the newest other installed version, a guess;
+            ``"none"``: no other version is installed. A version that is no longer installed is never given.
+        """
         active = self.active()
+        others = [v for v in self.installed() if v != active]
+        try:
+            link = Path(os.readlink(self.previous_link)).name
+        except OSError:
+            link = None
+        if link is not None and link != active and link in others:
+            return link, "link"
         for row in reversed(self.history()):
             if row.get("event") in ("activate", "rollback") and row.get("version") == active:
                 prev = row.get("previous")
-                return prev if prev and (self.versions / prev).is_dir() else None
-        return None
+                if prev is None or prev in others:
+                    return prev, "history"
+                break                   # pruned or removed by hand since
+        return (others[-1], "newest") if others else (None, "none")
+
+    def previous(self) -> str | None:
+        """The version that was active before the current one (None if none): :meth:`previous_info`'s."""
+        return self.previous_info()[0]
 
     def info(self, vid: str) -> dict:
         p = self.meta / f"{vid}.json"
@@ -122,9 +274,11 @@ class Store:
             return {"version": vid}
 
     def status(self) -> dict:
-        """``{"root", "active", "previous", "versions": [meta…], "staged", "partial", "history"}``."""
+        """``{"root", "active", "active_info", "active_problems", "previous", "previous_source", "held_by",
+        "versions": [meta…], "staged", "partial", "history"}`` (``held_by``: the deploy that holds the box
+        now, see :func:`describe_holder`, or None)."""
         active = self.active()
-        versions = sorted(p.name for p in self.versions.iterdir() if p.is_dir()) if self.versions.is_dir() else []
+        versions = self.installed()
         staged = sorted(p.name for p in self.incoming.iterdir()) if self.incoming.is_dir() else []
         problems = None
         if active:
@@ -133,73 +287,179 @@ class Store:
                 problems = []
             except BundleError as exc:
                 problems = [exc.args[0]]
+        prev, source = self.previous_info()
+        holder = self.holder()
         return {"root": str(self.root), "active": active, "active_info": self.info(active) if active else None,
-                "active_problems": problems,
-                "previous": self.previous(),
+                "active_problems": problems, "previous": prev, "previous_source": source,
+                "held_by": describe_holder(holder) if holder is not None else None,
                 "versions": [{**self.info(v), "version": v, "active": v == active} for v in versions],
                 "staged": [s for s in staged if not s.endswith(".partial")],
                 "partial": [s for s in staged if s.endswith(".partial")],
                 "history": self.history()[-10:]}
 
-    def record(self, event: str, **fields) -> None:
-        """Append one line to ``history.jsonl`` (fsynced). Best effort: on a full disk the line is lost
-        (and said so on stderr), the operation it describes is not undone."""
+    def record(self, event: str, **fields) -> str | None:
+        """Append one line to ``history.jsonl`` (fsynced).
+
+        Returns:
+            None when the line is on disk; else why not (e.g. the disk is full), also said on stderr. A
+            failed append is cut back to the file's previous length, so no half line is left for the next
+            one to be glued to. The operation the line describes is not undone (the links say what is
+            active); callers that prune skip it.
+        """
+        line = (json.dumps({"utc": _now(), "event": event, **fields}) + "\n").encode()
+        fd = None
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            with open(self.history_file, "a") as fh:
-                fh.write(json.dumps({"utc": _now(), "event": event, **fields}) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            fd = os.open(self.history_file, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line                     # a line an older agent's crash cut short ends here
+            try:
+                try:
+                    failpoint(f"history:{event}")
+                except OSError:
+                    os.write(fd, line[:1])              # =enospc: the disk fills after the line's first byte
+                    raise
+                _write_all(fd, line)
+                os.fsync(fd)
+            except OSError:
+                try:
+                    os.ftruncate(fd, size)
+                except OSError:
+                    pass
+                raise
         except OSError as exc:
-            print(f"edgehft agent: could not log {event} {fields} to {self.history_file}: {exc}", file=sys.stderr)
+            why = f"could not log {event} {fields.get('version') or ''} to {self.history_file}: " \
+                  f"{exc.strerror or exc}"
+            print(f"edgehft agent: {why}", file=sys.stderr)
+            return why
+        finally:
+            if fd is not None:
+                os.close(fd)
+        return None
 
     # -- locking and cleanup -----------------------------------------------------------------------------
     @contextmanager
-    def locked(self):
-        """Hold ``deploy.lock`` (one deploy step at a time on this box).
+    def _flock(self, path: Path, info: dict, refusal: str, hint: str, wait_s: float = 0.3):
+        """Hold an exclusive ``flock`` on ``path`` with ``info`` (plus pid and time) written into it, cleared
+        on release. A lock still held after ``wait_s`` (short: it rides out another agent's brief look) is
+        refused.
 
         Raises:
-            DeployError: another deploy holds it.
+            DeployError: ``"<refusal>: <who holds it>"`` with ``hint``.
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / "deploy.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise DeployError(f"{refusal}: {describe_holder(_read_info(fd))}", hint=hint) from None
+                    time.sleep(0.05)
+            _write_info(fd, {**info, "pid": os.getpid(), "since": _now()})
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise DeployError(f"another deploy is running on this box ({self.root}/deploy.lock is held)",
-                                  hint="wait for it to finish, then deploy again") from None
-            self._clean_stale()
-            yield
+                yield
+            finally:
+                _write_info(fd, None)       # nobody's: before close lets the next holder in
         finally:
             os.close(fd)
 
+    @contextmanager
+    def locked(self, step: str = "a deploy step", version: str | None = None, wait_s: float = 0.3):
+        """Hold ``deploy.lock`` (one changing step at a time on this box), naming ``step`` and ``version``
+        in it, and remove what killed operations left.
+
+        Raises:
+            DeployError: another step holds it (which one, its pid and since when are in the message).
+        """
+        with self._flock(self.lock_file, {"step": step, "version": version},
+                         "another deploy step is running on this box",
+                         "wait for it to finish, then try again; `edgehft status --host` shows what the box serves",
+                         wait_s=wait_s):
+            self._clean_stale()
+            yield
+
+    @contextmanager
+    def hold(self, info: dict):
+        """Hold ``deploy.hold`` for one deploy: ``info`` names it (``deploy``: its version, ``from_host``,
+        ``client_pid``). Released when the holder exits, however it exits.
+
+        Raises:
+            DeployError: another deploy holds the box (its version, host, pid and start time are in the
+                message).
+        """
+        with self._flock(self.hold_file, info, "the box is held by another deploy",
+                         "wait for that deploy to finish, then deploy again (a deploy whose connection died "
+                         "frees the box at once, a stalled one after its idle timeout)"):
+            yield
+
+    def holder(self) -> dict | None:
+        """What the holder of ``deploy.hold`` wrote (``{}`` if nothing), or None when nobody holds it."""
+        try:
+            fd = os.open(self.hold_file, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _read_info(fd)
+            return None
+        finally:
+            os.close(fd)                # drops the shared lock this look took
+
+    def _check_hold(self, vid: str, held: bool) -> None:
+        """Refuse a changing step for ``vid`` while another deploy holds the box; with ``held`` (the deploy
+        says it holds the box) also when nobody does any more (its hold ended: connection dropped or
+        stalled).
+
+        Raises:
+            DeployError: either case.
+        """
+        holder = self.holder()
+        if holder is None and held:
+            raise DeployError(f"this deploy of {vid} no longer holds the box (its hold connection ended: dropped, "
+                              "stalled past the idle timeout, or killed); nothing was switched",
+                              hint="deploy again")
+        if holder is not None and holder.get("deploy") != vid:
+            raise DeployError(f"the box is held by another deploy: {describe_holder(holder)}",
+                              hint="wait for that deploy to finish, then deploy again")
+
     def _clean_stale(self) -> None:
         """Remove what killed operations left: ``*.partial`` transfers (none can be live: receiving holds
-        the lock), staged versions no step touched for :data:`STALE_STAGED_S`, orphan ``.current.*`` links."""
+        the lock), staged versions no step touched for :data:`STALE_STAGED_S` (except the one the deploy
+        holding the box works on), orphan ``.current.*``/``.previous.*`` links."""
         if self.incoming.is_dir():
+            busy = (self.holder() or {}).get("deploy")
             for p in self.incoming.iterdir():
-                old = time.time() - p.stat().st_mtime > STALE_STAGED_S
+                old = time.time() - p.stat().st_mtime > STALE_STAGED_S and p.name != busy
                 if p.name.endswith(".partial") or old:
                     shutil.rmtree(p, ignore_errors=True)
                     self.record("cleaned", version=p.name.removesuffix(".partial"),
                                 reason="interrupted transfer" if p.name.endswith(".partial") else "staged, never activated")
-        for p in self.root.glob(".current.*"):
+        for p in [*self.root.glob(".current.*"), *self.root.glob(".previous.*")]:
             p.unlink(missing_ok=True)
 
     # -- steps ----------------------------------------------------------------------------------------
-    def receive(self, vid: str, stream, declared_bytes: int, meta: dict) -> dict:
-        """Unpack the bundle tar from ``stream`` into ``incoming/<vid>``.
+    def receive(self, vid: str, stream, declared_bytes: int, meta: dict, held: bool = False) -> dict:
+        """Unpack the bundle tar from ``stream`` (e.g. an :class:`IdleStream`) into ``incoming/<vid>``.
 
         Only regular files with relative paths inside the bundle are taken. Free space is checked first
         (``declared_bytes`` plus one 4 KiB block per member and 1 MiB), and a write that fails with ENOSPC
-        is reported as a full disk; either way the partial directory is removed.
+        is reported as a full disk; either way the partial directory is removed. ``held``: the deploy holds
+        the box (:meth:`hold`); refused if that hold has ended. Refused while another deploy holds the box.
 
         Raises:
-            DeployError: disk full, a truncated or malformed stream (connection dropped), an unsafe member.
+            DeployError: disk full, a truncated or malformed stream (connection dropped), a stalled stream
+                (:class:`StalledLink`), an unsafe member, the box held by another deploy.
         """
         check_vid(vid)
-        with self.locked():
+        with self.locked("receive", vid):
+            self._check_hold(vid, held)
             self.incoming.mkdir(parents=True, exist_ok=True)
             st = os.statvfs(self.root)
             free = st.f_bavail * st.f_frsize
@@ -220,19 +480,27 @@ class Store:
                 _fsync_dir(self.incoming)
             except BaseException as exc:
                 shutil.rmtree(part, ignore_errors=True)
-                if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                    self.record("failed", version=vid, step="upload", reason="disk full")
-                    raise DeployError(f"disk full on the box while receiving into {self.root}; nothing was "
-                                      "kept", hint="free space on the box, then deploy again") from None
-                if isinstance(exc, FileExistsError) or (isinstance(exc, OSError) and exc.errno == errno.ENOTEMPTY):
-                    raise DeployError(f"version {vid} is already staged on the box", hint="deploy again (a new "
-                                      "version id is drawn each time)") from None
-                if isinstance(exc, (tarfile.TarError, EOFError)):
-                    self.record("failed", version=vid, step="upload", reason=f"incomplete transfer: {exc}")
-                    raise DeployError(f"the transfer ended early or is malformed ({exc}); nothing was kept",
-                                      hint="the connection probably dropped: deploy again") from None
+                self._receive_failed(vid, exc)
                 raise
         return {"version": vid, "bytes": total}
+
+    def _receive_failed(self, vid: str, exc: BaseException) -> None:
+        """Log why a transfer into the (already removed) partial directory failed, and raise the error that
+        says so; returns for errors that already say it themselves."""
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            self.record("failed", version=vid, step="upload", reason="disk full")
+            raise DeployError(f"disk full on the box while receiving into {self.root}; nothing was "
+                              "kept", hint="free space on the box, then deploy again") from None
+        if isinstance(exc, FileExistsError) or (isinstance(exc, OSError) and exc.errno == errno.ENOTEMPTY):
+            raise DeployError(f"version {vid} is already staged on the box", hint="deploy again (a new "
+                              "version id is drawn each time)") from None
+        if isinstance(exc, (tarfile.TarError, EOFError)):
+            self.record("failed", version=vid, step="upload", reason=f"incomplete transfer: {exc}")
+            raise DeployError(f"the transfer ended early or is malformed ({exc}); nothing was kept",
+                              hint="the connection probably dropped: deploy again") from None
+        if isinstance(exc, StalledLink):
+            self.record("failed", version=vid, step="upload", reason=exc.args[0])
+            raise StalledLink(f"{exc.args[0]}; nothing was kept", hint=exc.hint) from None
 
     def _unpack(self, stream, dest: Path, declared_bytes: int) -> int:
         total = 0
@@ -289,57 +557,125 @@ class Store:
         return {"version": vid, "files": len(b.manifest.files) + 1,
                 "manifest_sha256": sha256_file(path / MANIFEST), "signed_by": signed}
 
-    def activate(self, vid: str, keep: int = 3) -> dict:
-        """Make ``vid`` the active version: re-verify, move into ``versions/``, swap ``current`` atomically,
-        log it, prune beyond ``keep`` inactive versions (never the previous one).
+    def activate(self, vid: str, keep: int = 3, expect=ANY, held: bool = False) -> dict:
+        """Make ``vid`` the active version: re-verify, move into ``versions/``, point ``previous`` at the
+        version active so far and ``current`` at ``vid`` (two atomic renames, in that order), log it, prune
+        beyond ``keep`` versions (never the active or the previous one; ``keep`` 0: none).
 
+        Args:
+            expect: the version the deploy found active when it probed the box (None: nothing active).
+                Refused if another deploy or a rollback has switched the box since. Default: no check.
+            held: the deploy holds the box (:meth:`hold`); refused if that hold has ended.
+        Returns:
+            ``{"active", "previous", "pruned": [vid…], "warnings": [text…]}``; a warning when the switch
+            could not be logged (e.g. a full disk): the switch stands, pruning is skipped.
         Raises:
-            DeployError: not staged, or its files no longer match (nothing switched).
+            DeployError: not staged, its files no longer match, the box switched since ``expect``, held by
+                another deploy, or the links cannot be written (nothing switched in each case).
         """
-        with self.locked():
+        with self.locked("activate", vid):
+            self._check_hold(vid, held)
             self.verify(vid)
             before = self.active()
+            if expect is not ANY and before != expect:
+                raise self._switched_since(expect, before)
+            links = self._new_links(vid, before)
             failpoint("activate:before-move")
             self.versions.mkdir(parents=True, exist_ok=True)
             os.rename(self.incoming / vid, self.versions / vid)
             _fsync_dir(self.versions)
-            self._switch(vid)
-            self.record("activate", version=vid, previous=before)
-            pruned = self._prune(keep)
-        return {"active": vid, "previous": before, "pruned": pruned}
+            self._switch(*links)
+            unlogged = self.record("activate", version=vid, previous=before)
+            warnings, pruned = [], []
+            if unlogged:
+                warnings.append(f"{unlogged}. {vid} is active and {before or 'nothing'} stays the previous version "
+                                "(the box's `previous` link says so), but no old version was pruned: free space "
+                                "on the box")
+            else:
+                pruned = self._prune(keep, vid, before)
+        return {"active": vid, "previous": before, "pruned": pruned, "warnings": warnings}
 
-    def _switch(self, vid: str) -> None:
-        tmp = self.root / f".current.{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        os.symlink(f"versions/{vid}", tmp)
+    def _switched_since(self, expect: str | None, active: str | None) -> DeployError:
+        who = self.info(active) if active else {}
+        by = f", received {who.get('received_utc')} from {who.get('from_host')}" if who.get("from_host") else ""
+        last = next((r for r in reversed(self.history()) if r.get("version") == active
+                     and r.get("event") in ("activate", "rollback")), {})
+        how = f" by {'a rollback' if last.get('event') == 'rollback' else 'another deploy'} at {last.get('utc')}" \
+            if last else ""
+        return DeployError(f"the box was switched from {expect or 'nothing'} to {active or 'nothing'}{how}{by} "
+                           "after this deploy probed it; nothing was switched",
+                           hint="another deploy or a rollback got there first: `edgehft status --host` shows what "
+                                "the box serves; deploy again if this version should replace it")
+
+    def _new_links(self, vid: str, before: str | None) -> tuple:
+        """Fresh ``.previous.<pid>`` (-> ``before``, if any) and ``.current.<pid>`` (-> ``vid``) symlinks, made
+        before anything visible changes, so a full disk refuses the switch instead of half doing it.
+
+        Raises:
+            DeployError: the links cannot be made (nothing switched).
+        """
+        made = []
+        try:
+            for name, target in (("previous", before), ("current", vid)):
+                tmp = self.root / f".{name}.{os.getpid()}"
+                tmp.unlink(missing_ok=True)
+                if target is not None:
+                    os.symlink(f"versions/{target}", tmp)
+                    made.append(tmp)
+        except OSError as exc:
+            for tmp in made:
+                tmp.unlink(missing_ok=True)
+            raise DeployError(f"cannot prepare the switch to {vid} in {self.root}: {exc.strerror or exc}; nothing "
+                              "was switched", hint="free space on the box, then try again") from None
+        return (made[0] if before is not None else None), made[-1]
+
+    def _switch(self, prev_tmp: Path | None, cur_tmp: Path) -> None:
+        """Rename the links from :meth:`_new_links` over ``previous``, then ``current``: a reader sees the
+        old or the new ``current``, never none; a cut between the two leaves ``previous == current``."""
         failpoint("activate:before-switch")
-        os.replace(tmp, self.current)           # rename(2): readers see the old or the new link, never none
+        if prev_tmp is not None:
+            os.replace(prev_tmp, self.previous_link)
+            failpoint("activate:between-links")
+        os.replace(cur_tmp, self.current)           # rename(2)
         _fsync_dir(self.root)
         failpoint("activate:after-switch")
 
-    def _prune(self, keep: int) -> list[str]:
-        active, prev = self.active(), self.previous()
-        old = [v for v in sorted(p.name for p in self.versions.iterdir() if p.is_dir()) if v not in (active, prev)]
-        drop = old[:max(0, len(old) - max(0, keep - 1 - (prev is not None)))] if keep else []
+    def _prune(self, keep: int, active: str, before: str | None) -> list[str]:
+        """Remove the oldest versions beyond ``keep`` (the active and previous ones count and stay); nothing
+        when ``keep`` is 0 or the version active before this switch is not known to be installed (a box
+        whose ``current`` was missing or dangling: unsure what must stay)."""
+        names = self.installed()
+        if not keep or before not in names:
+            return []
+        protect = {active, before}
+        old = [v for v in names if v not in protect]
+        drop = old[:max(0, len(old) - max(0, keep - len(protect & set(names))))]
         for v in drop:
             shutil.rmtree(self.versions / v, ignore_errors=True)
             (self.meta / f"{v}.json").unlink(missing_ok=True)
         return drop
 
     def rollback(self, to: str | None = None) -> dict:
-        """Switch back to ``to`` (default: the version active before the current one), after checking its
-        files against its manifest.
+        """Switch back to ``to`` (default: the version active before the current one, :meth:`previous_info`),
+        after checking its files against its manifest. Not refused while a deploy holds the box: that
+        deploy's switch is refused instead (it finds the box switched since it probed).
 
+        Returns:
+            ``{"active", "previous", "warnings": [text…]}``: a warning when the switch could not be logged, or
+            when the target was a guess (no link, no history record).
         Raises:
             DeployError: no previous version, unknown version, or its files changed.
         """
-        with self.locked():
+        with self.locked("rollback", to):
             active = self.active()
-            target = to or self.previous()
+            target, source = (to, "given") if to else self.previous_info()
             if target is None:
                 raise DeployError("no previous version to roll back to",
                                   hint="`edgehft status --host H` lists the versions; pass --to VERSION")
             check_vid(target)
+            if target == active:
+                return {"active": active, "previous": self.previous(), "warnings": [f"{target} is already active; "
+                                                                                     "nothing was switched"]}
             path = self.versions / target
             if not path.is_dir():
                 raise DeployError(f"version {target} is not installed on the box",
@@ -349,13 +685,22 @@ class Store:
                 load_bundle(path, verify=True)
             except BundleError as exc:
                 raise DeployError(f"refusing to roll back to {target}: {exc.args[0]}") from None
-            self._switch(target)
-            self.record("rollback", version=target, previous=active)
-        return {"active": target, "previous": active}
+            self._switch(*self._new_links(target, active))
+            unlogged = self.record("rollback", version=target, previous=active)
+        warnings = [unlogged] if unlogged else []
+        if source == "newest":
+            warnings.append(f"neither the `previous` link nor the history says what was active before {active}: "
+                            f"rolled back to the newest other version, {target}")
+        return {"active": target, "previous": active, "warnings": warnings}
 
-    def discard(self, vid: str, reason: str) -> dict:
-        """Remove a staged version that failed a check, and log why."""
-        with self.locked():
+    def discard(self, vid: str, reason: str, wait_s: float = 0.3) -> dict:
+        """Remove a staged version that failed a check (or whose deploy went away), and log why. Waits up to
+        ``wait_s`` seconds for a step in progress to finish.
+
+        Raises:
+            DeployError: another step still holds the lock after ``wait_s``.
+        """
+        with self.locked("discard", vid, wait_s=wait_s):
             p = self.incoming / check_vid(vid)
             existed = p.is_dir()
             shutil.rmtree(p, ignore_errors=True)
