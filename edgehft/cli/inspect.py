@@ -8,7 +8,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from edgehft.cli import edgetpu_flag_opts, edgetpu_flags, handles_errors, json_opt, main, out
+from edgehft.cli.common import edgetpu_flag_opts, edgetpu_flags, handles_errors, json_opt, main, out
 from edgehft.errors import InputError
 
 

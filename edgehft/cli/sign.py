@@ -6,7 +6,7 @@ import json
 import click
 from rich.markup import escape
 
-from edgehft.cli import err, handles_errors, json_opt, main, out
+from edgehft.cli.common import err, handles_errors, json_opt, main, out
 
 
 @main.command("sign")

@@ -8,7 +8,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from edgehft.cli import err, handles_errors, json_opt, main, out
+from edgehft.cli.common import err, handles_errors, json_opt, main, out
 
 ssh_config_opt = click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), default=None,
                               help="OpenSSH config file (ssh -F); default: your ~/.ssh/config.")

@@ -1,0 +1,15 @@
+"""The ``edgehft`` command line, one module per command group, all on the ``main`` group of
+:mod:`edgehft.cli.common` (``--json`` on each for machines; exit codes as in :mod:`edgehft.errors`):
+
+- :mod:`~edgehft.cli.compile`: ``compile``
+- :mod:`~edgehft.cli.run`: ``run``, ``bench``
+- :mod:`~edgehft.cli.inspect`: ``report``, ``boards``, ``build-engine``
+- :mod:`~edgehft.cli.deploy`: ``deploy``, ``status``, ``rollback``
+- :mod:`~edgehft.cli.sign`: ``sign``
+
+The command modules import :mod:`edgehft.cli.common`, never this package, so there is no import cycle.
+"""
+from edgehft.cli.common import main
+from edgehft.cli import compile, deploy, inspect, run, sign  # noqa: F401,E402  (each registers its commands)
+
+__all__ = ["main"]

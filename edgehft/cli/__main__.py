@@ -1,0 +1,4 @@
+"""``python -m edgehft.cli``: the same command line as ``edgehft``."""
+from edgehft.cli import main
+
+main()

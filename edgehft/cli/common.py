@@ -1,0 +1,163 @@
+"""What every ``edgehft`` command shares: the ``main`` click group, the consoles, the error handler (an
+:class:`~edgehft.errors.EdgeHFTError` becomes its message, hint and exit code), and the options defined
+once and reused (``--json``, the runner options of ``run``/``bench``, the Edge TPU flags)."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from edgehft import __version__
+from edgehft.errors import EdgeHFTError
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _fail(exc: EdgeHFTError, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"error": exc.args[0] if exc.args else str(exc), "type": type(exc).__name__,
+                               "hint": exc.hint, "exit_code": exc.exit_code}))
+    else:
+        err.print(f"[bold red]error:[/] {escape(str(exc.args[0] if exc.args else exc))}", highlight=False)
+        if exc.hint:
+            err.print(f"  [yellow]hint:[/] {escape(exc.hint)}", highlight=False)
+    sys.exit(exc.exit_code)
+
+
+def handles_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except EdgeHFTError as exc:
+            _fail(exc, kwargs.get("as_json", False))
+    return wrapper
+
+
+# Options defined once and shared.
+json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
+board_opt = click.option("--board", default=None, help="Board name (see `edgehft boards`); default: the bundle's.")
+threads_opt = click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
+                           help="Interpreter threads.")
+affinity_opt = click.option("--affinity", default=None,
+                            help="Pin to these CPUs, e.g. '1' or '0,1' (os.sched_setaffinity).")
+emulate_opt = click.option("--emulate", is_flag=True,
+                           help="Accelerator boards: run on an emulation here (Coral: the int8 graph on LiteRT; "
+                                "PYNQ: pynq's drivers against the emulated board); outputs checkable, timing not "
+                                "the device's; the output says EMULATED.")
+
+
+def _check_device(ctx, param, value):
+    if value is None:
+        return None
+    from edgehft.errors import InputError
+    from edgehft.runtime.edgetpu_lib import parse_device
+    try:
+        parse_device(value)
+    except InputError as exc:
+        raise click.BadParameter(exc.args[0]) from None
+    return value
+
+
+device_opt = click.option("--device", default=None, callback=_check_device,
+                          help="Accelerator device, e.g. usb, usb:1, pci:0 (Edge TPU).")
+overlay_opt = click.option("--overlay", default=None, type=click.Path(dir_okay=False),
+                           help="PYNQ boards: the overlay's .bit (its .hwh next to it); default the board "
+                                "file's [runtime] overlay_dir.")
+
+
+def edgetpu_flag_opts(fn):
+    """``-m``, ``-a``, ``-i`` as edgetpu_compiler takes them (compile and report)."""
+    for opt in reversed((
+            click.option("--min-runtime", "-m", "min_runtime", type=click.IntRange(min=10), default=None,
+                         help="Edge TPU boards: edgetpu_compiler -m (default: the board's runtime version)."),
+            click.option("--allow-multiple-subgraphs", "-a", "multi", is_flag=True, default=None,
+                         help="Edge TPU boards: edgetpu_compiler -a (more subgraphs, more host<->TPU copies)."),
+            click.option("--intermediate-tensors", "-i", "cut", default=None,
+                         help="Edge TPU boards: edgetpu_compiler -i t1,t2 (end the Edge TPU part at these "
+                              "tensors)."))):
+        fn = opt(fn)
+    return fn
+
+
+def edgetpu_flags(min_runtime, multi, cut):
+    """The :class:`~edgehft.compiler.coral.EdgeTPUFlags` of those options (None: the board's value)."""
+    from edgehft.compiler.coral import EdgeTPUFlags
+    return EdgeTPUFlags(min_runtime, multi or None, tuple(c for c in cut.split(",") if c) if cut else None)
+
+
+def _keep_require_signature(ctx, param, value):
+    ctx.meta["edgehft.require_signature"] = value       # read by open_runner (no parameter to thread through)
+
+
+require_signature_opt = click.option(
+    "--require-signature", "require_signature", type=click.Path(exists=True, dir_okay=False), default=None,
+    expose_value=False, callback=_keep_require_signature, metavar="ALLOWED_SIGNERS",
+    help="Open the bundle only if its manifest.json.sig verifies against this OpenSSH allowed_signers file "
+         "(exit 6 if unsigned or signed by a key not listed there).")
+
+
+def runner_opts(fn):
+    """What ``run`` and ``bench`` need to open a bundle: board, threads, affinity, emulate, device, overlay,
+    --require-signature."""
+    for opt in reversed((board_opt, threads_opt, affinity_opt, emulate_opt, device_opt, overlay_opt,
+                         require_signature_opt)):
+        fn = opt(fn)
+    return fn
+
+
+def open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json):
+    """``runtime.open`` with the :func:`runner_opts` values (and ``--require-signature`` from the click
+    context); says EMULATED on stderr for people.
+
+    Raises:
+        EdgeHFTError: whatever :func:`edgehft.runtime.open` raises (bundle, board, signature, threads).
+    """
+    from edgehft import runtime
+    opts = {k: v for k, v in (("overlay", overlay), ("emulate", emulate or None), ("device", device)) if v}
+    ctx = click.get_current_context(silent=True)
+    signers = ctx.meta.get("edgehft.require_signature") if ctx else None
+    r = runtime.open(bundle, board, threads=threads, affinity=parse_affinity(affinity),
+                     require_signature=signers, **opts)
+    say_emulated(r, as_json)
+    return r
+
+
+ticks_opt = click.option("--ticks", "ticks", multiple=True, type=click.Path(exists=True, dir_okay=False),
+                         help="Windows (.npy/.npz) or raw feed files for the bundle's feature pipeline "
+                              "(with --run-features); repeat for several files, read as one stream.")
+run_features_opt = click.option("--run-features", is_flag=True,
+                                help="Make windows from raw feed files with the bundle's feature pipeline: Python "
+                                     "code shipped in the bundle (hash-checked). Only for bundles you trust.")
+
+
+def parse_affinity(text: str | None) -> list[int] | None:
+    """``--affinity '0,1'`` as CPU ids ``[0, 1]`` (None when not given).
+
+    Raises:
+        click.BadParameter: not a comma-separated list of integers.
+    """
+    if not text:
+        return None
+    try:
+        return [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise click.BadParameter(f"--affinity {text!r}: expected CPU ids like '1' or '0,1'")
+
+
+def say_emulated(runner, as_json: bool) -> None:
+    """One stderr line saying the runner is an emulation (people only: not with ``--json``)."""
+    if runner.emulated and not as_json:
+        note = runner.describe().get("note") or "an emulated board"
+        err.print(f"[bold magenta]EMULATED[/] {runner.board}: {note}", highlight=False)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgehft")
+def main() -> None:
+    """Put trained Keras models on low-latency trading boards."""

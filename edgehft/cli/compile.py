@@ -1,0 +1,93 @@
+"""``edgehft compile``: a Keras model (or a quantized .tflite) and calibration ticks into a bundle for a board."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from edgehft.cli.common import edgetpu_flag_opts, edgetpu_flags, err, handles_errors, json_opt, main, out
+from edgehft.errors import EdgeHFTError
+
+@main.command("compile")
+@click.argument("model", type=click.Path(exists=True))
+@click.option("--board", default="cpu", show_default=True, help="Target board (see `edgehft boards`).")
+@click.option("--calib", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Calibration ticks: windows (.npy/.npz) or raw feed files; repeat for several. Required "
+                   "for Keras models; for a quantized .tflite only used for golden vectors.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
+@click.option("--quant", type=click.Choice(["int8", "dynamic", "fp16", "float", "auto", "native", "native-bf16"]),
+              default=None,
+              help="Quantization (default: the board file's: auto for cpu, int8 for Coral and PYNQ, fp16 for Jetson). "
+                   "cpu board: auto measures the int8, dynamic and float plans (and the native plans that apply "
+                   "here) and keeps the fastest that passes the drift gate; native / native-bf16 take that plan "
+                   "alone (native-bf16: CONV_2D and LSTM input projections on edgehft's bf16 AMX kernel, for a "
+                   "box with AMX-BF16).")
+@click.option("--features", default=None, help="Feature pipeline 'file.py:function' (default: the model's sidecar).")
+@click.option("--calib-windows", default=300, show_default=True, help="Windows used for calibration.")
+@click.option("--drift-windows", default=500, show_default=True, help="Held-out windows for the drift check.")
+@click.option("--golden", "golden_count", default=16, show_default=True, help="Golden vectors to store.")
+@click.option("--drift-threshold", default=0.01, show_default=True, help="Gate on relative MAE (0.01 = 1 %).")
+@click.option("--strict", is_flag=True, help="Drift over the threshold is an error (exit 5), not a warning.")
+@click.option("--timeout", "timeout_s", default=1800.0, show_default=True, help="Converter time limit, s.")
+@click.option("--lowering", type=click.Choice(["auto", "native"]), default="auto", show_default=True,
+              help="native: no tf-keras rebuild and no pre-conversion checks; the graph goes to the "
+                   "converter as is (diagnosis only).")
+@edgetpu_flag_opts
+@click.option("--edgetpu-model", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Edge TPU boards: MODEL's *_edgetpu.tflite, compiled on another machine; checked against "
+                   "MODEL and put in the bundle (verdict confirmed).")
+@click.option("--sign", "sign_key", type=click.Path(exists=True, dir_okay=False), default=None, metavar="KEY",
+              help="Sign the bundle's manifest with this SSH key (ssh-keygen -Y sign, namespace edgehft-bundle) "
+                   "into manifest.json.sig; boxes with an allowed_signers file take only signed bundles.")
+@json_opt
+@handles_errors
+def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, drift_windows, golden_count,
+                drift_threshold, strict, timeout_s, lowering, min_runtime, multi, cut, edgetpu_model, sign_key,
+                as_json):
+    """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
+    partition it, and write a bundle."""
+    from edgehft.compiler.pipeline import CompileOptions, compile_model
+    from edgehft.report import print_report
+    if sign_key:
+        from edgehft.signing import check_tool
+        check_tool()                # a missing or too old ssh-keygen is said before the compile, not after
+    edgetpu = edgetpu_flags(min_runtime, multi, cut)
+    opts = CompileOptions(board=board, quant=quant, features=features, calib_windows=calib_windows,
+                          drift_windows=drift_windows, golden_count=golden_count,
+                          drift_threshold=drift_threshold, strict=strict, timeout_s=timeout_s, lowering=lowering,
+                          edgetpu=edgetpu, edgetpu_model=edgetpu_model)
+    if as_json:
+        res = compile_model(model, list(calib), out_dir, opts)
+    else:
+        with err.status("compiling") as status:
+            res = compile_model(model, list(calib), out_dir, opts,
+                                progress=lambda s: (status.update(f"compiling: {s}"), err.print(f"[dim]· {s}[/]")))
+    signature = _sign_compiled(res.bundle.path, sign_key) if sign_key else None
+    if as_json:
+        click.echo(json.dumps({"bundle": str(res.bundle.path), "warnings": res.warnings,
+                               "report": res.report.model_dump(), "signature": signature}))
+        return
+    print_report(res.report, out)
+    for w in res.warnings:
+        err.print(f"[bold yellow]warning:[/] {w}")
+    m = res.bundle.manifest
+    calib_text = (f"{m.quantization.calibration_windows} calibration windows "
+                  f"(sha256 {m.quantization.calibration_sha256[:12]}…)" if m.quantization.calibration_sha256
+                  else "taken as is (no calibration)")
+    extra = f", compiled: {', '.join(m.artifacts.values())}" if m.artifacts else ""
+    out.print(f"bundle [bold]{res.bundle.path}[/]: board {m.board}, {m.quantization.mode}, {calib_text}, "
+              f"{m.golden.count if m.golden else '[bold yellow]NO[/]'} golden vectors{extra}")
+    if signature:
+        out.print(f"signed: {signature['signature']} ({signature['key']}, namespace {signature['namespace']})",
+                  highlight=False, soft_wrap=True)
+
+
+def _sign_compiled(bundle_path, key) -> dict:
+    """``compile --sign``: sign the bundle just written; a failure says the bundle is there, unsigned."""
+    from edgehft.signing import sign_bundle
+    try:
+        return sign_bundle(bundle_path, key)
+    except EdgeHFTError as exc:
+        exc.args = (f"{exc.args[0]} (the bundle {bundle_path} was written, unsigned)",)
+        exc.hint = f"{exc.hint}; then: edgehft sign {bundle_path} --key KEY" if exc.hint else None
+        raise

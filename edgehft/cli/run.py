@@ -1,0 +1,176 @@
+"""``edgehft run`` (predictions, golden vectors) and ``edgehft bench`` (latency percentiles, per-op profile)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+from rich.table import Table
+
+from edgehft.checks import bundle_windows, check_golden, golden_mismatch
+from edgehft.cli.common import (err, handles_errors, json_opt, main, out, run_features_opt, runner_opts,
+                                ticks_opt, open_runner)
+
+@main.command("run")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@ticks_opt
+@run_features_opt
+@click.option("--golden", is_flag=True, help="Run the bundle's golden vectors and compare (exit 8 on mismatch).")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=0),
+              help="Predictions to print (0: all).")
+@runner_opts
+@json_opt
+@handles_errors
+def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity, emulate, device, overlay,
+            as_json):
+    """Print predictions for TICKS, or check the golden vectors with --golden."""
+    if not ticks and not golden:
+        raise click.UsageError("give --ticks FILE or --golden")
+    if golden:                       # a bundle without golden vectors says so before any runtime opens it
+        from edgehft.bundle import load_bundle
+        load_bundle(bundle, verify=False).require_golden()
+    with open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
+        if golden:
+            result = check_golden(r)
+            result.update(board=r.board, emulated=r.emulated)
+            if as_json:
+                click.echo(json.dumps(result))
+            else:
+                out.print(("[bold magenta]EMULATED[/] " if r.emulated else "") +
+                          f"golden vectors: {result['matched']}/{result['count']} reproduced "
+                          f"({result['compare']}) on {result['path']}"
+                          + (" [green]OK[/]" if result["ok"] else " [red]MISMATCH[/]"))
+            if not result["ok"]:
+                raise golden_mismatch(result, r.describe().get("backend", ""))
+            return
+        w = bundle_windows(r.bundle, ticks, run_features=run_features)
+        n = len(w) if limit == 0 else min(limit, len(w))
+        names = [o.name for o in r.bundle.manifest.outputs]
+        rows = []
+        for i in range(n):
+            y = r.predict(w.x[i])
+            ys = y if isinstance(y, tuple) else (y,)
+            rows.append({"window": i, "t_ns": int(w.t_ns[i]) if w.t_ns is not None else None,
+                         **{nm: v[0].tolist() for nm, v in zip(names, ys)}})
+        if as_json:
+            click.echo(json.dumps({"board": r.board, "emulated": r.emulated, "windows": len(w),
+                                   "predictions": rows}))
+            return
+        t = Table(title=f"{r.bundle.path.name} on {r.board}: {n} of {len(w)} windows", title_justify="left")
+        t.add_column("window", justify="right")
+        t.add_column("tick time (ns)", justify="right")
+        for nm in names:
+            t.add_column(nm)
+        for row in rows:
+            t.add_row(str(row["window"]), "" if row["t_ns"] is None else str(row["t_ns"]),
+                      *(np.array2string(np.asarray(row[nm]), precision=4, separator=" ") for nm in names))
+        out.print(t)
+
+
+@main.command("bench")
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False))
+@ticks_opt
+@run_features_opt
+@click.option("--replay", "mode", type=click.Choice(["max", "recorded", "burst"]), default="max",
+              show_default=True, help="Back to back, at the recorded inter-arrival times, or in bursts.")
+@click.option("--warmup", default=200, show_default=True, type=click.IntRange(min=0),
+              help="Calls before timing starts.")
+@click.option("--samples", default=0, type=click.IntRange(min=0),
+              help="Timed calls (default: one per window, cycling if needed).")
+@click.option("--speed", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="recorded: replay this many times faster.")
+@click.option("--burst-size", default=32, show_default=True, type=click.IntRange(min=1),
+              help="burst: calls per burst.")
+@click.option("--burst-gap-us", default=1000.0, show_default=True, type=click.FloatRange(min=0),
+              help="burst: idle time between bursts.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency histogram PNG.")
+@click.option("--profile", is_flag=True,
+              help="Time per op (per step for partitioned boards) instead of replaying: each op alone and the "
+                   "whole model, interleaved; --samples rounds (default 200); without --ticks, the golden inputs.")
+@click.option("--top", default=0, type=click.IntRange(min=0), help="--profile: show only the N slowest ops.")
+@runner_opts
+@json_opt
+@handles_errors
+def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, profile, top,
+              board, threads, affinity, emulate, device, overlay, as_json):
+    """Replay real ticks through BUNDLE and print latency percentiles in µs (or, with --profile, time per op)."""
+    from edgehft.bench.fingerprint import machine_fingerprint
+    from edgehft.bench.replay import check_plot_target, histogram_png, replay
+    if plot:
+        check_plot_target(plot)
+    if profile:
+        return _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate,
+                        device, overlay, as_json)
+    if not ticks:
+        raise click.UsageError("give --ticks FILE")
+    with open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
+        w = bundle_windows(r.bundle, ticks, run_features=run_features)
+        x = np.ascontiguousarray(w.x, dtype=np.float32)
+        res = replay(r.predict, x, w.t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,
+                     burst_size=burst_size, burst_gap_us=burst_gap_us)
+        report = {"bundle": str(r.bundle.path), "runner": r.describe(), **res.summary(),
+                  "budget_us": dict(r.board_spec.latency_budget_us),
+                  "speed": speed if mode == "recorded" else None, "fingerprint": machine_fingerprint()}
+    if plot:
+        histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, replay {mode}, "
+                                 f"{len(res.latency_ns)} calls")
+        report["plot"] = plot
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    print_bench(report)
+
+
+def _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate, device, overlay,
+             as_json):
+    from edgehft.bench.fingerprint import machine_fingerprint
+    from edgehft.bench.profile import print_profile, profile_runner
+    with open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
+        x = (np.ascontiguousarray(bundle_windows(r.bundle, ticks, run_features=run_features).x, dtype=np.float32)
+             if ticks else None)
+        res = profile_runner(r, x, rounds=samples or 200, warmup=min(warmup, 50))
+        res.update(bundle=str(r.bundle.path), runner=r.describe(), fingerprint=machine_fingerprint())
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    print_profile(res, out, top)
+
+
+def print_bench(report: dict) -> None:
+    lat = report["latency_us"]
+    t = Table(title=f"latency of predict, µs — {report['samples']} samples after {report['warmup']} warm-up, "
+                    f"replay {report['mode']}" + (" [bold](EMULATED board)[/]" if report["runner"]["emulated"] else ""),
+              title_justify="left")
+    for c in ("p50", "p90", "p99", "p99.9", "max", "mean", "std"):
+        t.add_column(c, justify="right")
+    t.add_row(*(f"{lat[k]:.1f}" for k in ("p50", "p90", "p99", "p99.9", "max", "mean", "std")))
+    out.print(t)
+    budget = report.get("budget_us") or {}
+    if budget and report["runner"]["emulated"]:
+        out.print(f"board budget ({report['runner']['board']}): n/a — emulated, the device's timing is not measured")
+    elif budget:
+        verdicts = []
+        for key, got in (("p99", lat["p99"]), ("p999", lat["p99.9"])):
+            if key in budget:
+                ok = got <= budget[key]
+                verdicts.append(f"{key} {got:.0f} vs {budget[key]:.0f} µs " + ("[green]within[/]" if ok else "[red]OVER[/]"))
+        out.print(f"board budget ({report['runner']['board']}): " + "; ".join(verdicts))
+    if report.get("gaps_capped"):
+        g = report["gaps_capped"]
+        out.print(f"note: {g['count']} recorded gap(s) longer than {g['cap_s']:g} s (the longest {g['largest_s']:,.3g} s) "
+                  f"were replayed as {g['cap_s']:g} s")
+    if report.get("start_delay_us"):
+        d = report["start_delay_us"]
+        out.print(f"start delay behind the recorded tick time: p50 {d['p50']:.1f} µs, p99 {d['p99']:.1f} µs")
+        if d["p50"] > lat["p50"]:
+            err.print(f"[bold yellow]warning:[/] the replay fell behind the recorded tick rate (x{report['speed']:g}): "
+                      "calls ran back to back; lower --speed to replay the capture's real gaps")
+    fp = report["fingerprint"]
+    r = report["runner"]
+    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']}, "
+              f"affinity {fp['affinity']}{', virtualized' if fp['virtualized'] else ''}); "
+              f"{r.get('interpreter', r['board'])}, threads {r['threads']}; libraries "
+              + ", ".join(f"{k} {v}" for k, v in fp["libraries"].items()))
+    if report.get("plot"):
+        out.print(f"histogram: {report['plot']}")
