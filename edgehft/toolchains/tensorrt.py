@@ -90,7 +90,7 @@ def build_engine(onnx_path: Path, precision: str, *, dla_core: int | None = None
                  workspace_mib: int = 1024) -> tuple[bytes, list[dict], str]:
     """Build a serialized engine with the installed TensorRT. Returns ``(engine bytes, per-layer placement
     from the inspector, TensorRT version)``; the placement is
-    :func:`edgehft.partition.tensorrt_confirmed.inspector_layers` of the inspector's JSON
+    :func:`edgehft.ir.tensorrt_inspector.inspector_layers` of the inspector's JSON
     (``name``, ``type``, ``device`` DLA/GPU, ``onnx`` node names from the layer metadata, ``glue``).
 
     ``precision``: ``fp16`` / ``float`` (``fp16`` sets the FP16 flag on TensorRT < 11; a float16 ONNX is
@@ -126,7 +126,7 @@ def build_engine(onnx_path: Path, precision: str, *, dla_core: int | None = None
                              hint="see the TensorRT log above; try without --dla-core or with more --workspace-mib")
     data = bytes(plan)
     engine = trt.Runtime(logger).deserialize_cuda_engine(data)
-    from edgehft.partition.tensorrt_confirmed import inspector_layers
+    from edgehft.ir.tensorrt_inspector import inspector_layers
     info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
     layers = inspector_layers(info, dla_core)
     return data, layers, trt.__version__
