@@ -35,7 +35,7 @@ from pynq.buffer import PynqBuffer
 from pynq.pl_server.remote_device import RemoteBitstreamHandler
 from pynq.ps import Clocks
 
-from edgehft.emulate import EmulatedBusError, EmulationError, KernelModel
+from edgehft.emulate.base import EmulatedBusError, EmulationError, KernelModel
 
 PLACEHOLDER = (b"edgehft emulation placeholder: NOT a bitstream. No bitstream is built here; pynq.Overlay "
                b"needs a file with the .hwh's stem, and EmulatedPynqDevice never programs anything.\n")
