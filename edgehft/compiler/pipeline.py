@@ -482,14 +482,18 @@ def _isolated_first_open(model: Path, timeout_s: float) -> None:
     process does (their refusals are left to the golden-vector code, which falls back or says why).
 
     Raises:
-        ConverterError: LiteRT crashed (the signal) or hung on the model.
+        ConverterError: LiteRT crashed (the signal) or hung on the model, or its ops make an input or output
+            of another shape or dtype than the model declares.
     """
     from edgehft.errors import BundleError
     from edgehft.runtime.isolate import check_models
+    hint = "the .tflite is corrupt or hostile: convert the model again"
     try:
-        check_models([model], timeout_s=min(timeout_s, 300.0))
+        found = check_models([model], timeout_s=min(timeout_s, 300.0))
     except BundleError as exc:
-        raise ConverterError(exc.args[0], hint="the .tflite is corrupt or hostile: convert the model again") from None
+        raise ConverterError(exc.args[0], hint=hint) from None
+    if found["io"]:
+        raise ConverterError(f"{model.name} is inconsistent: {'; '.join(found['io'])}", hint=hint)
 
 
 def _io_names(g, indices) -> list[str]:

@@ -357,6 +357,34 @@ def _subgraph_problem(raw, g_raw, g, n_buffers: int, size: int) -> str | None:
         offset, length = o.LargeCustomOptionsOffset(), o.LargeCustomOptionsSize()
         if offset > 1 and offset + length > size:
             return f"operator {op.index} ({op.name}) custom options lie past the end of the file"
+    return _dataflow_problem(g)
+
+
+def _dataflow_problem(g) -> str | None:
+    """The graph's data flow, in execution order: each tensor written by one operator at most, never a
+    constant or a graph input (LiteRT would write into the mapped file or the caller's input), and read
+    only after it is written; graph inputs distinct and neither constant nor written by an operator."""
+    inputs = set(g.inputs)
+    if len(inputs) != len(g.inputs):
+        return f"its inputs {list(g.inputs)} name a tensor twice"
+    bad = [i for i in g.inputs if g.tensors[i].is_constant]
+    if bad:
+        return f"its input tensor {bad[0]} is a constant"
+    writer = {}
+    for op in g.ops:
+        for o in op.outputs:
+            if o < 0:
+                continue
+            if o in writer or o in inputs or g.tensors[o].is_constant:
+                what = (f"operator {writer[o]}" if o in writer else "a graph input" if o in inputs
+                        else "a constant")
+                return f"operator {op.index} ({op.name}) writes tensor {o}, which is {what}"
+            writer[o] = op.index
+    for op in g.ops:
+        late = [i for i in op.inputs if writer.get(i, -1) >= op.index]
+        if late:
+            return (f"operator {op.index} ({op.name}) reads tensor {late[0]} before operator {writer[late[0]]} "
+                    "writes it")
     return None
 
 

@@ -66,10 +66,12 @@ def first_open(bundle, spec, threads: int, options: dict, timeout_s: float = DEF
     return True
 
 
-def check_models(paths: list, threads: int = 1, resolvers=RESOLVERS, timeout_s: float = DEFAULT_TIMEOUT_S) -> list:
+def check_models(paths: list, threads: int = 1, resolvers=RESOLVERS, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
     """Open each ``.tflite`` in ``paths`` with each LiteRT kernel path in ``resolvers`` and invoke it once on
-    zeros, in a child process. LiteRT's refusals are returned (``["auto: <reason>", ...]``), not raised: the
-    caller's own code handles them; only a crash or a hang is an error.
+    zeros, in a child process. Returns ``{"refusals": ["auto: <LiteRT's reason>", ...], "io": [...]}``: LiteRT's
+    refusals are not raised (the caller's own code handles them), and ``io`` lists the inputs and outputs whose
+    static shape or dtype in the flatbuffer differs from what LiteRT made of them. Only a crash or a hang is
+    an error.
 
     Raises:
         BundleError: the child was killed by a signal or ran past ``timeout_s`` seconds (naming the model and
@@ -79,7 +81,7 @@ def check_models(paths: list, threads: int = 1, resolvers=RESOLVERS, timeout_s: 
                "resolvers": list(resolvers)}
     result = _run_child(request, timeout_s)
     _raise_for(result, ", ".join(Path(p).name for p in paths))
-    return result.get("refusals", [])
+    return {"refusals": result.get("refusals", []), "io": result.get("io", [])}
 
 
 def _request(bundle, spec, threads: int, options: dict) -> dict | None:
@@ -228,12 +230,16 @@ def _open_models(request: dict, progress: dict) -> None:
     import numpy as np
 
     from edgehft.runtime.cpu import make_interpreter
-    refusals = progress.setdefault("refusals", [])
+    refusals, io = progress.setdefault("refusals", []), progress.setdefault("io", [])
     for path in request["models"]:
+        checked = False
         for resolver in request["resolvers"]:
             progress["step"] = f"opening {Path(path).name} on LiteRT's {resolver} kernels"
             try:
                 it = make_interpreter(path, request["threads"], resolver)
+                if not checked:                 # the I/O LiteRT made of the model, on the first path that opens it
+                    io.extend(_io_mismatches(path, it))
+                    checked = True
                 for d in it.get_input_details():
                     it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
                 progress["step"] = f"running {Path(path).name} on LiteRT's {resolver} kernels"
@@ -242,6 +248,24 @@ def _open_models(request: dict, progress: dict) -> None:
                 refusals.append(f"{resolver}: {' '.join(str(exc).split())[:300]}")
             it = None
     progress.pop("step", None)
+
+
+def _io_mismatches(path: str, it) -> list:
+    """The graph inputs and outputs of static shape whose shape or dtype LiteRT sees otherwise than the
+    flatbuffer declares (e.g. an output declared (1, 131) that its op makes (1, 3))."""
+    import numpy as np
+
+    from edgehft.ir import TFLiteModel
+    g = TFLiteModel.from_file(path).main
+    out = []
+    for role, details in (("input", it.get_input_details()), ("output", it.get_output_details())):
+        for d in details:
+            t = g.tensors[int(d["index"])]
+            shape = tuple(int(x) for x in d["shape"])
+            if -1 not in t.shape_signature and (shape != t.shape or np.dtype(d["dtype"]).name != t.dtype):
+                out.append(f"{role} {t.name!r} is declared {t.dtype} {t.shape}, LiteRT makes it "
+                           f"{np.dtype(d['dtype']).name} {shape}")
+    return out
 
 
 def _from_interpreter(exc: BaseException) -> bool:
