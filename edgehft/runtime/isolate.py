@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgehft.errors import BundleError
+from edgehft.errors import BundleError, EdgeHFTError
 
 DEFAULT_TIMEOUT_S = 300.0
 RESOLVERS = ("auto", "builtin", "reference")
@@ -87,11 +87,14 @@ def check_models(paths: list, threads: int = 1, resolvers=RESOLVERS, timeout_s: 
 def _request(bundle, spec, threads: int, options: dict) -> dict | None:
     backend = spec.backend
     if backend == "cpu" or (backend in ("coral", "pynq") and options.get("emulate")):
-        return {"mode": "runner", "bundle": str(Path(bundle.path).resolve()), "board": spec.name,
+        return {"mode": "runner", "bundle": str(Path(bundle.path).resolve()), "board": spec.model_dump(mode="json"),
                 "threads": int(threads), "options": {k: _plain(v) for k, v in sorted(options.items())}}
     if backend == "pynq" and bundle.manifest.artifacts.get("steps"):
-        graph = json.loads(bundle.resolve(bundle.manifest.artifacts["steps"]).read_text())
-        models = [str(bundle.resolve(st["model"])) for st in graph.get("steps", []) if st.get("placement") == "cpu"]
+        try:
+            graph = json.loads(bundle.resolve(bundle.manifest.artifacts["steps"]).read_text())
+            models = [str(bundle.resolve(st["model"])) for st in graph["steps"] if st["placement"] == "cpu"]
+        except (EdgeHFTError, OSError, ValueError, KeyError, TypeError):
+            return None                     # a damaged steps.json: the runner refuses it with its own message
         return {"mode": "models", "models": models, "threads": int(threads), "resolvers": ["auto"]} if models else None
     return None
 
@@ -134,15 +137,22 @@ def _run_child(request: dict, timeout_s: float) -> dict:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s,
                            stdin=subprocess.DEVNULL, env=_child_env())
-    except subprocess.TimeoutExpired:
-        return {"timeout": timeout_s}
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(_MARK)]
-    result = json.loads(lines[-1][len(_MARK):]) if lines else {}
+    except subprocess.TimeoutExpired as exc:          # killed; its last line says how far it got
+        return {**(_last_result(exc.stdout) or {}), "timeout": timeout_s}
+    result = _last_result(p.stdout)
     if p.returncode < 0:
-        result["signal"] = _signal_name(-p.returncode)
-    elif not lines:
+        result = {**(result or {}), "signal": _signal_name(-p.returncode)}
+    elif result is None:
         result = {"failed": p.returncode, "tail": " | ".join(p.stderr.strip().splitlines()[-3:])[-400:]}
     return result
+
+
+def _last_result(stdout) -> dict | None:
+    """The child's last result line (its progress, or its outcome), or None."""
+    if isinstance(stdout, bytes):
+        stdout = stdout.decode("utf-8", "replace")
+    lines = [ln for ln in (stdout or "").splitlines() if ln.startswith(_MARK)]
+    return json.loads(lines[-1][len(_MARK):]) if lines else None
 
 
 def _signal_name(n: int) -> str:
@@ -172,7 +182,6 @@ def _rebuild(result: dict, what: str) -> BaseException:
     LiteRT's own refusals as a BundleError."""
     import builtins
     import importlib
-    from edgehft.errors import EdgeHFTError
     message, hint = result.get("message", ""), result.get("hint")
     if result.get("litert"):
         return BundleError(f"{what}: LiteRT cannot open the model ({result['error']}: {message})".replace("\n", " "),
@@ -198,10 +207,10 @@ def _open_runner(request: dict, progress: dict) -> None:
 
     import numpy as np
 
-    from edgehft.boards import load_board
+    from edgehft.boards import Board
     from edgehft.bundle import load_bundle
     b = load_bundle(request["bundle"], verify=True)
-    spec = load_board(request["board"])
+    spec = Board.model_validate(request["board"])          # as the caller loaded it (its catalog may differ)
     module = importlib.import_module(f"edgehft.runtime.{spec.backend}")
     progress["step"] = "opening it"
     runner = module.Runner(b, spec, threads=request["threads"], **request["options"])
@@ -218,7 +227,6 @@ def _open_runner(request: dict, progress: dict) -> None:
 
 
 def _golden_inputs(b) -> list:
-    from edgehft.errors import EdgeHFTError
     try:
         ins, _ = b.golden()
     except EdgeHFTError:                # no or damaged golden vectors: their own checks say so, not this one
@@ -281,7 +289,6 @@ def main(argv: list) -> int:
     """The child: ``python -m edgehft.runtime.isolate REQUEST_JSON``; prints one result line, exit 0."""
     import resource
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))            # a crash leaves no core dump
-    from edgehft.errors import EdgeHFTError
     request = json.loads(argv[0])
 
     def report(result: dict) -> None:                           # the last line tells the parent how far it got
