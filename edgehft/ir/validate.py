@@ -31,8 +31,8 @@ from edgehft.errors import InputError
 
 MAX_DEPTH = 64                  # the FlatBuffers verifier's defaults
 MAX_TABLES = 1_000_000
-HINT = ("the file is corrupt or was altered: convert the model again (a bundle: copy it again from where it "
-        "was compiled)")
+HINT = ("the file is truncated, corrupt or was altered: convert the model again (a bundle: copy it again from "
+        "where it was compiled)")
 
 # Union fields whose enum type is not named like the field (schema.fbs: ``details: QuantizationDetails``).
 _UNION_ENUMS = {"Details": "QuantizationDetails", "ArraySegments": "SparseIndexVector",
