@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgehft.runtime import cpu as cpu_runtime
+from edgehft.runtime import litert
 
 
 def _interp(mod, data: bytes, threads: int, op_resolver: str):
@@ -97,20 +97,20 @@ def profile_tflite(model: str | Path | bytes, windows: list[list[np.ndarray]], *
     from edgehft.compiler.split import split
     from edgehft.ir import TFLiteModel
     data = Path(model).read_bytes() if not isinstance(model, (bytes, bytearray)) else bytes(model)
-    mod, _, _ = cpu_runtime.load_interpreter_module()
+    mod, _, _ = litert.load_interpreter_module()
     ir = TFLiteModel(data)
     g = ir.main
     groups = _op_groups(g)
     segs = split(data, groups)
     whole_it = _interp(mod, data, threads, op_resolver)
     whole = _Part(whole_it, any(t.is_variable for t in g.tensors))
-    in_model = cpu_runtime.delegated_ops(whole_it)
+    in_model = litert.delegated_ops(whole_it)
     parts, kernels = [], []
     for seg in segs:
         it = _interp(mod, seg.data, threads, op_resolver)
         stateful = any(t.is_variable for t in TFLiteModel(seg.data).main.tensors)
         parts.append(_Part(it, stateful))
-        taken = cpu_runtime.delegated_ops(it)
+        taken = litert.delegated_ops(it)
         kernels.append("XNNPACK" if len(taken) == len(seg.ops) else "builtin" if not taken else "mixed")
     in_names = [n for n, _ in whole.ins]
     out_names = [n for n, _ in whole.outs]

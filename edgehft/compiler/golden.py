@@ -16,7 +16,7 @@ import numpy as np
 
 from edgehft.bundle import Bundle, Golden, sha256_arrays
 from edgehft.errors import EdgeHFTError, InputError
-from edgehft.runtime import cpu as cpu_runtime
+from edgehft.runtime import cpu as cpu_runtime, litert
 
 
 @dataclass
@@ -48,7 +48,7 @@ def run_golden(draft: Bundle, board, windows: np.ndarray | None, count: int, see
     batch = batch_problem(draft.manifest)
     why, tried = batch, []
     if why is None:
-        for resolver in cpu_runtime.OP_RESOLVERS:
+        for resolver in litert.OP_RESOLVERS:
             try:
                 run = _golden_on(draft, board, windows, count, seed, resolver)
             except EdgeHFTError:
@@ -112,7 +112,7 @@ def _golden_on(draft: Bundle, board, windows, count: int, seed: int, resolver: s
                     g_out[k][n] = r[0]
             deq = [np.empty((0,), np.float32)] * n_out
             source = f"{count} random raw inputs (seed {seed}; no --calib windows given)"
-        kernels = runner.op_kernels if runner.interp is None else cpu_runtime.delegated_ops(runner.interp)
+        kernels = runner.op_kernels if runner.interp is None else litert.delegated_ops(runner.interp)
         run = GoldenRun(g_in, g_out, deq, runner.path, kernels, source)
         if getattr(runner, "xnnpack_error", None):
             run.notes.append(f"XNNPACK refused to prepare the model ({runner.xnnpack_error}): LiteRT's builtin "

@@ -60,7 +60,7 @@ def worker_request(quant: str) -> dict:
 def tflite_outputs(tflite_path: Path, windows: np.ndarray) -> list[np.ndarray]:
     """Dequantized outputs of a TFLite model on float ``windows`` (N, ...) one window per invoke, with the
     variable tensors (LSTM state) reset before each; inputs quantized with the input's scale/zero point."""
-    from edgehft.runtime.cpu import make_interpreter
+    from edgehft.runtime.litert import make_interpreter
     interp = make_interpreter(str(tflite_path), threads=1)
     (inp,) = interp.get_input_details()
     outs = interp.get_output_details()

@@ -21,7 +21,7 @@ from pathlib import Path
 from edgehft.errors import BoardUnavailableError, BundleError, EdgeHFTError, InputError
 from edgehft.ir.edgetpu_package import min_runtime_version as _package_min_runtime, read_packages
 from edgehft.ir.tflite_model import TFLiteModel
-from edgehft.runtime import cpu, edgetpu_lib
+from edgehft.runtime import cpu, edgetpu_lib, litert
 from edgehft.runtime.edgetpu_lib import describe_devices, library_name
 
 ARTIFACT = "edgetpu_model"
@@ -102,7 +102,7 @@ class Runner(cpu.Runner):
         device: ``usb``, ``usb:N``, ``pci``, ``pci:N``, or ``""`` (first attached); None takes the board's
             ``[runtime] device``.
         emulate: run ``model.tflite`` on the CPU interpreter; no library or device needed.
-        op_resolver: LiteRT kernels for the CPU ops (see :func:`edgehft.runtime.cpu.make_interpreter`).
+        op_resolver: LiteRT kernels for the CPU ops (see :func:`edgehft.runtime.litert.make_interpreter`).
     Raises:
         InputError: an invalid ``device`` selector.
         BundleError: the compiled model is missing from disk, malformed, or disagrees with the manifest.
@@ -168,7 +168,7 @@ class Runner(cpu.Runner):
     def _make_interpreter(self):
         if self.emulated:
             return super()._make_interpreter()
-        mod, _, _ = cpu.load_interpreter_module()
+        mod, _, _ = litert.load_interpreter_module()
         context = dict(model_path=self.compiled_path, runtime=self.runtime_version,
                        required=self.min_runtime_version, devices=self.devices, device=self.device)
         options = {"device": self.device_name} if self.device else None
@@ -185,7 +185,7 @@ class Runner(cpu.Runner):
                 "builtin": mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
                 "reference": mod.OpResolverType.BUILTIN_REF}.get(self.op_resolver)
         if kind is None:
-            raise ValueError(f"op_resolver must be one of {cpu.OP_RESOLVERS}, got {self.op_resolver!r}")
+            raise ValueError(f"op_resolver must be one of {litert.OP_RESOLVERS}, got {self.op_resolver!r}")
         try:
             interp = mod.Interpreter(model_path=str(self.compiled_path), experimental_delegates=[self._delegate],
                                      num_threads=self.threads, experimental_op_resolver_type=kind)

@@ -105,7 +105,7 @@ def _plain(value):
 
 def _key(bundle, request: dict) -> str:
     from edgehft import __version__
-    from edgehft.runtime.cpu import load_interpreter_module
+    from edgehft.runtime.litert import load_interpreter_module
     _, name, version = load_interpreter_module()
     ident = {"files": dict(sorted(bundle.manifest.files.items())), "request": {**request, "bundle": None},
              "interpreter": f"{name} {version}", "edgehft": __version__, "python": sys.version.split()[0]}
@@ -237,7 +237,7 @@ def _golden_inputs(b) -> list:
 def _open_models(request: dict, progress: dict) -> None:
     import numpy as np
 
-    from edgehft.runtime.cpu import make_interpreter
+    from edgehft.runtime.litert import make_interpreter
     refusals, io = progress.setdefault("refusals", []), progress.setdefault("io", [])
     for path in request["models"]:
         checked = False

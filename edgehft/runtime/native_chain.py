@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgehft.runtime import litert
+
 KERNELS = ("lstm", "conv2d", "maxpool", "concat", "fc", "softmax")
 VIEWS = ("reshape", "slice")
 _OP_NAMES = {"lstm": "LSTM", "conv2d": "CONV_2D"}
@@ -57,7 +59,6 @@ class Chain:
             raise
 
     def _open(self, root: Path, rel: str, threads: int, op_resolver: str, portable: bool) -> None:
-        from edgehft.runtime import cpu
         graph = json.loads((root / rel).read_text())
         self.inputs, self.outputs = graph["inputs"], graph["outputs"]
         for st in graph["steps"]:
@@ -67,7 +68,7 @@ class Chain:
                               else f"{st.get('what') or kind} (edgehft native)",
                               "ops": st.get("ops") or [st.get("op")]})
             if kind == "litert":
-                self.steps.append(_open_segment(cpu, root, st, threads, op_resolver, self.op_kernels))
+                self.steps.append(_open_segment(root, st, threads, op_resolver, self.op_kernels))
                 continue
             self.op_kernels.update({i: "native" for i in (st.get("ops") or [st["op"]])})
             srcs, dst = tuple(st["inputs"]), st["outputs"][0]
@@ -89,14 +90,14 @@ class Chain:
                 h[0].close()
 
 
-def _open_segment(cpu, root: Path, st: dict, threads: int, op_resolver: str, op_kernels: dict):
-    it = cpu.make_interpreter(root / st["model"], threads, op_resolver)
+def _open_segment(root: Path, st: dict, threads: int, op_resolver: str, op_kernels: dict):
+    it = litert.make_interpreter(root / st["model"], threads, op_resolver)
     idx = {d["name"]: d["index"] for d in it.get_input_details() + it.get_output_details()}
-    stateful = bool(cpu.variable_tensors(root / st["model"]))
-    op_kernels.update({st["ops"][i]: v for i, v in cpu.delegated_ops(it).items()})
+    stateful = bool(litert.variable_tensors(root / st["model"]))
+    op_kernels.update({st["ops"][i]: v for i, v in litert.delegated_ops(it).items()})
     ins = [(idx[n], n) for n in st["inputs"]]
     outs = [(idx[n], n) for n in st["outputs"]]
-    views = cpu._stable_views(it, [i for i, _ in ins] + [i for i, _ in outs])
+    views = litert.stable_views(it, [i for i, _ in ins] + [i for i, _ in outs])
     if views is None:
         return ("litert", (it, ins, outs, stateful))
     invoke = it._interpreter.Invoke           # copy into / read from the interpreter's own buffers

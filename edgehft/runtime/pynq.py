@@ -21,7 +21,7 @@ import numpy as np
 
 from edgehft.errors import BoardUnavailableError, BundleError, InputError
 from edgehft.runtime.base import InputSlot, OutputSlot, Runner as _Runner
-from edgehft.runtime.cpu import check_model_file, variable_tensors, load_interpreter_module
+from edgehft.runtime.litert import check_model_file, load_interpreter_module, variable_tensors
 
 POLL_TIMEOUT_S = 5.0
 _DRIVERS: dict[str, type] = {}
