@@ -29,14 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from edgehft.compiler.tflite_graph import FUSED_ACTIVATIONS, const_array, schema, tensor_name
 from edgehft.errors import LoweringError
 
 NATIVE_JSON = "native.json"
-
-
-def _schema():
-    from ai_edge_litert import schema_py_generated as s
-    return s
 
 
 @dataclass
@@ -49,34 +45,6 @@ class LstmOp:
     input: str                  # tensor names
     output: str
     timesteps: int
-
-
-def _name(t) -> str:
-    return t.name.decode() if isinstance(t.name, bytes) else t.name
-
-
-def _const(s, m, g, t: int) -> np.ndarray | None:
-    if t < 0:
-        return None
-    T = g.tensors[t]
-    data = m.buffers[T.buffer].data if T.buffer > 0 else None
-    if data is None or len(data) == 0:
-        return None
-    raw = np.asarray(data, np.uint8).tobytes()
-    shape = [int(d) for d in T.shape]
-    if T.type == s.TensorType.FLOAT32:
-        return np.frombuffer(raw, np.float32).reshape(shape).copy()
-    if T.type == s.TensorType.INT8 and T.quantization is not None and T.quantization.scale is not None:
-        q = np.frombuffer(raw, np.int8).reshape(shape).astype(np.float32)
-        sc = np.asarray(T.quantization.scale, np.float32)
-        zp = np.asarray(T.quantization.zeroPoint if T.quantization.zeroPoint is not None else [0], np.float32)
-        if sc.size > 1:
-            shp = [1] * q.ndim
-            shp[T.quantization.quantizedDimension] = -1
-            sc, zp = sc.reshape(shp), zp.reshape(shp)
-        return (q - zp) * sc
-    raise LoweringError(f"LSTM weight {_name(T)} has tensor type {T.type}; the native kernel takes float32 "
-                        "or int8 (dynamic-range) weights")
 
 
 @dataclass
@@ -94,16 +62,13 @@ class ConvOp:
     output: str
 
 
-_ACTS = {0: "none", 1: "relu", 2: "relu_n1_to_1", 3: "relu6"}
-
-
 def conv_ops(model_bytes: bytes) -> tuple[list[ConvOp], dict[int, str]]:
     """The CONV_2D ops of the main subgraph the native conv kernel takes (float32 activations, batch 1,
     dilation 1, a geometry :func:`edgehft.kernels.native_conv.supported` accepts, constant weights), each
     with a directly following LEAKY_RELU fused when the conv's output feeds nothing else; and, per CONV_2D
     left on LiteRT, why."""
     from edgehft.kernels.native_conv import supported
-    s = _schema()
+    s = schema()
     m = s.ModelT.InitFromPackedBuf(model_bytes, 0)
     g = m.subgraphs[0]
     codes = [max(oc.builtinCode, oc.deprecatedBuiltinCode) for oc in m.operatorCodes]
@@ -125,12 +90,12 @@ def conv_ops(model_bytes: bytes) -> tuple[list[ConvOp], dict[int, str]]:
             why = "input is not a float32 (1, H, W, C) tensor"
         elif (o.dilationHFactor or 1) != 1 or (o.dilationWFactor or 1) != 1:
             why = "dilation other than 1"
-        elif o.fusedActivationFunction not in _ACTS:
+        elif o.fusedActivationFunction not in FUSED_ACTIVATIONS:
             why = f"fused activation {o.fusedActivationFunction}"
         if why is None:
             try:
-                w = _const(s, m, g, ins[1])
-                b = _const(s, m, g, ins[2]) if len(ins) > 2 else None
+                w = const_array(s, m, g, ins[1])
+                b = const_array(s, m, g, ins[2]) if len(ins) > 2 else None
             except LoweringError as exc:
                 w, why = None, str(exc)
             if why is None and (w is None or w.ndim != 4 or int(w.shape[3]) != int(x.shape[3])):
@@ -143,7 +108,7 @@ def conv_ops(model_bytes: bytes) -> tuple[list[ConvOp], dict[int, str]]:
             skipped[k] = why
             continue
         out = int(op.outputs[0])
-        act, alpha, ops = _ACTS[o.fusedActivationFunction], 0.0, [k]
+        act, alpha, ops = FUSED_ACTIVATIONS[o.fusedActivationFunction], 0.0, [k]
         if (act == "none" and k + 1 < len(g.operators) and codes[g.operators[k + 1].opcodeIndex] == B.LEAKY_RELU
                 and [int(t) for t in g.operators[k + 1].inputs] == [out] and readers.get(out) == 1
                 and out not in graph_out):
@@ -151,13 +116,13 @@ def conv_ops(model_bytes: bytes) -> tuple[list[ConvOp], dict[int, str]]:
             act, alpha, ops = "leaky_relu", float(nxt.builtinOptions.alpha), [k, k + 1]
             out = int(nxt.outputs[0])
         found.append(ConvOp(k, ops, w.astype(np.float32), None if b is None else b.astype(np.float32), in_hw,
-                            stride, pad, act, alpha, _name(x), _name(g.tensors[out])))
+                            stride, pad, act, alpha, tensor_name(x), tensor_name(g.tensors[out])))
     return found, skipped
 
 
 def lstm_ops(model_bytes: bytes) -> list[LstmOp]:
     """Every UNIDIRECTIONAL_SEQUENCE_LSTM of the main subgraph, checked and with Keras-layout weights."""
-    s = _schema()
+    s = schema()
     m = s.ModelT.InitFromPackedBuf(model_bytes, 0)
     g = m.subgraphs[0]
     codes = [max(oc.builtinCode, oc.deprecatedBuiltinCode) for oc in m.operatorCodes]
@@ -179,8 +144,8 @@ def lstm_ops(model_bytes: bytes) -> list[LstmOp]:
                         (23, "layer norm")):
             if i < len(ins) and ins[i] >= 0:
                 raise LoweringError(f"{where}: has {what} weights (input {i}); the native kernel has none")
-        w = [_const(s, m, g, ins[i]) for i in range(1, 9)]
-        b = [_const(s, m, g, ins[i]) for i in range(12, 16)]
+        w = [const_array(s, m, g, ins[i]) for i in range(1, 9)]
+        b = [const_array(s, m, g, ins[i]) for i in range(12, 16)]
         if any(a is None for a in w + b):
             raise LoweringError(f"{where}: a gate's weights or bias are missing or not constant (CIFG?)")
         x = g.tensors[ins[0]]
@@ -188,8 +153,8 @@ def lstm_ops(model_bytes: bytes) -> list[LstmOp]:
             raise LoweringError(f"{where}: input shape {list(x.shape)}; the native kernel takes (1, T, in)")
         found.append(LstmOp(k, np.concatenate([a.T for a in w[:4]], 1).astype(np.float32),
                             np.concatenate([a.T for a in w[4:]], 1).astype(np.float32),
-                            np.concatenate(b).astype(np.float32), float(o.cellClip or 0.0), _name(x),
-                            _name(g.tensors[int(op.outputs[0])]), int(x.shape[1])))
+                            np.concatenate(b).astype(np.float32), float(o.cellClip or 0.0), tensor_name(x),
+                            tensor_name(g.tensors[int(op.outputs[0])]), int(x.shape[1])))
     return found
 
 
@@ -215,7 +180,7 @@ def native_files(model_file: str | Path, weights_from: str | Path | None = None,
             raise LoweringError(f"{Path(weights_from).name}'s LSTM ops do not match {Path(model_file).name}'s")
         for a, b in zip(ops, other):
             a.kernel, a.recurrent, a.bias = b.kernel, b.recurrent, b.bias
-    s = _schema()
+    s = schema()
     g = s.ModelT.InitFromPackedBuf(data, 0).subgraphs[0]
     at: dict = {o.op: o for o in ops}
     at.update({c.op: c for c in cops})
@@ -284,8 +249,8 @@ def native_files(model_file: str | Path, weights_from: str | Path | None = None,
                           "hidden": int(o.recurrent.shape[0]), "cell_clip": o.cell_clip,
                           "projected": bool(convs)})
         files[rel] = buf.getvalue()
-    graph = {"inputs": [_name(g.tensors[int(t)]) for t in g.inputs],
-             "outputs": [_name(g.tensors[int(t)]) for t in g.outputs], "steps": steps,
+    graph = {"inputs": [tensor_name(g.tensors[int(t)]) for t in g.inputs],
+             "outputs": [tensor_name(g.tensors[int(t)]) for t in g.outputs], "steps": steps,
              "conv_left_on_litert": {str(k): v for k, v in skipped.items()}}
     files[NATIVE_JSON] = (json.dumps(graph, indent=1) + "\n").encode()
     return files

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgehft.compiler.native import _ACTS, _const, _name, _schema
+from edgehft.compiler.tflite_graph import FUSED_ACTIVATIONS, const_array, schema, tensor_name
 
 
 @dataclass
@@ -63,12 +63,12 @@ def move_ops(model_bytes: bytes, native_outputs: dict[int, str], fused: set[int]
     weights) or SOFTMAX whose non-constant inputs are all the graph's inputs or outputs of native steps
     (``native_outputs``: op index -> output name, the native kernels' and the ones found so far) runs
     natively. ``fused``: op indices already inside a native step."""
-    s = _schema()
+    s = schema()
     m = s.ModelT.InitFromPackedBuf(model_bytes, 0)
     g = m.subgraphs[0]
     B = s.BuiltinOperator
     codes = [max(oc.builtinCode, oc.deprecatedBuiltinCode) for oc in m.operatorCodes]
-    avail = {_name(g.tensors[int(t)]) for t in g.inputs}
+    avail = {tensor_name(g.tensors[int(t)]) for t in g.inputs}
     found = []
     for k, op in enumerate(g.operators):
         if k in native_outputs:
@@ -81,8 +81,8 @@ def move_ops(model_bytes: bytes, native_outputs: dict[int, str], fused: set[int]
             continue
         ins = [int(t) for t in op.inputs if int(t) >= 0]
         data = ins[:1] if code in (B.RESHAPE, B.STRIDED_SLICE, B.FULLY_CONNECTED, B.SOFTMAX) else \
-            [t for t in ins if _const(s, m, g, t) is None]
-        names = [_name(g.tensors[t]) for t in data]
+            [t for t in ins if const_array(s, m, g, t) is None]
+        names = [tensor_name(g.tensors[t]) for t in data]
         out_t = g.tensors[int(op.outputs[0])]
         if not names or any(n not in avail for n in names) or out_t.type != s.TensorType.FLOAT32 or any(
                 g.tensors[t].type != s.TensorType.FLOAT32 for t in data):
@@ -98,26 +98,26 @@ def move_ops(model_bytes: bytes, native_outputs: dict[int, str], fused: set[int]
                 continue
             params, kind = {"index": idx, "shape": shape}, "slice"
         elif code == B.FULLY_CONNECTED:
-            w = _const(s, m, g, int(op.inputs[1])) if g.tensors[int(op.inputs[1])].type == s.TensorType.FLOAT32 \
+            w = const_array(s, m, g, int(op.inputs[1])) if g.tensors[int(op.inputs[1])].type == s.TensorType.FLOAT32 \
                 else None
-            b = _const(s, m, g, int(op.inputs[2])) if len(op.inputs) > 2 and int(op.inputs[2]) >= 0 else None
+            b = const_array(s, m, g, int(op.inputs[2])) if len(op.inputs) > 2 and int(op.inputs[2]) >= 0 else None
             x = g.tensors[data[0]]
-            if (w is None or w.ndim != 2 or o.fusedActivationFunction not in _ACTS or getattr(o, "weightsFormat", 0)
+            if (w is None or w.ndim != 2 or o.fusedActivationFunction not in FUSED_ACTIVATIONS or getattr(o, "weightsFormat", 0)
                     or int(np.prod([int(d) for d in x.shape])) % w.shape[1]):
                 continue
             rows = int(np.prod([int(d) for d in x.shape])) // w.shape[1]
-            params = {"rows": rows, "shape": shape, "activation": _ACTS[o.fusedActivationFunction]}
+            params = {"rows": rows, "shape": shape, "activation": FUSED_ACTIVATIONS[o.fusedActivationFunction]}
             arrays = {"weights": w.astype(np.float32), **({} if b is None else {"bias": b.astype(np.float32)})}
             kind = "fc"
         elif code == B.SOFTMAX:
             params, kind = {"shape": shape, "beta": float(o.beta)}, "softmax"
         elif code == B.MAX_POOL_2D:
             x = g.tensors[data[0]]
-            if len(x.shape) != 4 or int(x.shape[0]) != 1 or o.fusedActivationFunction not in _ACTS:
+            if len(x.shape) != 4 or int(x.shape[0]) != 1 or o.fusedActivationFunction not in FUSED_ACTIVATIONS:
                 continue
             params = {"in_hw": [int(x.shape[1]), int(x.shape[2])], "channels": int(x.shape[3]),
                       "filter": [int(o.filterHeight), int(o.filterWidth)], "stride": [int(o.strideH), int(o.strideW)],
-                      "padding": "SAME" if o.padding == 0 else "VALID", "activation": _ACTS[o.fusedActivationFunction]}
+                      "padding": "SAME" if o.padding == 0 else "VALID", "activation": FUSED_ACTIVATIONS[o.fusedActivationFunction]}
             kind = "maxpool"
         elif code == B.CONCATENATION:
             if o.fusedActivationFunction != 0 or len(data) != len(ins):      # a constant operand: LiteRT
@@ -127,7 +127,7 @@ def move_ops(model_bytes: bytes, native_outputs: dict[int, str], fused: set[int]
         else:
             params = {"shape": shape}
             kind = "reshape"
-        found.append(MoveOp(k, kind, names, _name(out_t), params, arrays))
-        native_outputs[k] = _name(out_t)
-        avail.add(_name(out_t))
+        found.append(MoveOp(k, kind, names, tensor_name(out_t), params, arrays))
+        native_outputs[k] = tensor_name(out_t)
+        avail.add(tensor_name(out_t))
     return found
