@@ -21,6 +21,7 @@ from edgehft.bundle import (FORMAT_VERSION_FOR_PLAN, Bundle, Features, Manifest,
 from edgehft.compiler import coral
 from edgehft.compiler.drift import measure_drift
 from edgehft.compiler.golden import golden_record, run_golden
+from edgehft.compiler.plans import NATIVE_PLANS
 from edgehft.compiler.isolate import run_worker
 from edgehft.errors import ConverterError, DriftError, InputError, LoweringError
 from edgehft.ir import TFLiteModel
@@ -271,19 +272,6 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
         say("write bundle")
         bundle = write_bundle(out, manifest, files, report=report.model_dump())
     return CompileResult(bundle, report, warnings)
-
-
-NATIVE_PLANS = {
-    "native": ("model.tflite is the dynamic-range graph; native.json runs it with each "
-               "UNIDIRECTIONAL_SEQUENCE_LSTM on edgehft's native fp32 LSTM kernel (weights from the float "
-               "conversion) and the other ops on LiteRT segments"),
-    "native-bf16": ("model.tflite is the float graph; native.json runs it with each CONV_2D the native conv "
-                    "kernel takes (and a LEAKY_RELU right after it) on edgehft's bf16 conv kernel (AMX tiles; "
-                    "bf16 operands, fp32 sums), each UNIDIRECTIONAL_SEQUENCE_LSTM's input projection on that "
-                    "kernel too and its recurrence on the native fp32 LSTM kernel, pools, concatenations, reshapes, "
-                    "slices, Dense layers and softmaxes fed by those on edgehft's fp32 kernels or as views, and "
-                    "any other op on LiteRT segments"),
-}
 
 
 def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> list:

@@ -30,6 +30,20 @@ import numpy as np
 CANDIDATES = ("int8", "dynamic", "float")      # converted by the worker; "native" is added when it applies
 
 
+# What each native plan runs where, said in the compile report
+NATIVE_PLANS = {
+    "native": ("model.tflite is the dynamic-range graph; native.json runs it with each "
+               "UNIDIRECTIONAL_SEQUENCE_LSTM on edgehft's native fp32 LSTM kernel (weights from the float "
+               "conversion) and the other ops on LiteRT segments"),
+    "native-bf16": ("model.tflite is the float graph; native.json runs it with each CONV_2D the native conv "
+                    "kernel takes (and a LEAKY_RELU right after it) on edgehft's bf16 conv kernel (AMX tiles; "
+                    "bf16 operands, fp32 sums), each UNIDIRECTIONAL_SEQUENCE_LSTM's input projection on that "
+                    "kernel too and its recurrence on the native fp32 LSTM kernel, pools, concatenations, reshapes, "
+                    "slices, Dense layers and softmaxes fed by those on edgehft's fp32 kernels or as views, and "
+                    "any other op on LiteRT segments"),
+}
+
+
 @dataclass
 class Candidate:
     plan: str                   # quantization mode
@@ -96,7 +110,6 @@ def choose(cands: list[Candidate], timing: dict) -> tuple[Candidate, dict]:
                  "argmax_agreement": c.drift.outputs[0].argmax_agreement if c.drift else None,
                  "chosen": c is best} for c in cands]
     from edgehft.bench.fingerprint import machine_fingerprint
-    from edgehft.compiler.pipeline import NATIVE_PLANS
     fp = machine_fingerprint()
     section = {"mode": "auto", "chosen": best.plan, "why": why, "candidates": [c.plan for c in cands],
                "measured": measured,
