@@ -65,7 +65,9 @@ def summarize_us(ns: np.ndarray) -> dict:
     return out
 
 
-def _spin_until(t_ns: int) -> None:
+def spin_until(t_ns: int) -> None:
+    """Wait until ``time.perf_counter_ns()`` reaches ``t_ns``: sleep while more than 2 ms are left, then spin
+    (a sleep can overshoot by a scheduler tick; the spin starts the call on time)."""
     while True:
         left = t_ns - time.perf_counter_ns()
         if left <= 0:
@@ -104,9 +106,9 @@ def replay(predict, windows: np.ndarray, t_ns: np.ndarray | None = None, mode: s
             x = windows[i % n]
             if mode == "recorded":
                 due += int(gaps[i % n]) if i % n else 0
-                _spin_until(due)
+                spin_until(due)
             elif mode == "burst" and i and i % burst_size == 0:
-                _spin_until(perf() + int(burst_gap_us * 1e3))
+                spin_until(perf() + int(burst_gap_us * 1e3))
             t0 = perf()
             predict(x)
             t1 = perf()

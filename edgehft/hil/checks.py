@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from edgehft import checks as _checks
-from edgehft.bench.replay import _spin_until, recorded_gaps, replay, summarize_us
+from edgehft.bench.replay import recorded_gaps, replay, spin_until, summarize_us
 from edgehft.errors import InputError
 
 SAMPLES = 2000          # timed calls for the latency check
@@ -221,7 +221,7 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
                     if due + int(gaps[i % n]) >= end:
                         break
                     due += int(gaps[i % n])
-                    _spin_until(due)
+                    spin_until(due)
                 t0 = perf()
                 predict(windows[i % n])
                 t1 = perf()
@@ -238,7 +238,7 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
                          "p99_us": float(np.percentile(kept, 99)) if m else None, "rss_bytes": rss})
             calls += m
             if gaps is not None:
-                _spin_until(end)
+                spin_until(end)
     finally:
         if gc_was:
             gc.enable()
