@@ -158,7 +158,9 @@ def test_a_damaged_chain_is_a_bundle_error(bf16_bundle, tmp_path):
         cpu.Runner(load_bundle(d, verify=False), load_board("cpu"))
 
 
-def test_a_nan_in_the_golden_outputs_is_a_mismatch_shown_as_inf(bf16_bundle, tmp_path):
+def test_a_nan_in_the_golden_outputs_is_refused(bf16_bundle, tmp_path):
+    """A golden vector must be reproducible: a NaN in one is a bundle error (exit 6), never a comparison
+    that NaN != NaN silently fails or passes."""
     import shutil
     d = tmp_path / "nan"
     shutil.copytree(bf16_bundle, d)
@@ -169,10 +171,12 @@ def test_a_nan_in_the_golden_outputs_is_a_mismatch_shown_as_inf(bf16_bundle, tmp
     np.savez(d / "golden.npz", **arrays)
     from edgehft.boards import load_board
     from edgehft.runtime import cpu
+    from edgehft.errors import BundleError
     r = cpu.Runner(load_bundle(d, verify=False), load_board("cpu"))
-    g = check_golden(r)
+    with pytest.raises(BundleError, match="outputs/probs holds 1 NaN or inf values") as exc:
+        check_golden(r)
     r.close()
-    assert not g["ok"] and g["matched"] == 15 and g["max_diff"] == float("inf")
+    assert exc.value.exit_code == 6
 
 
 def test_a_concat_with_a_constant_operand_stays_on_litert(models, tmp_path):
