@@ -172,3 +172,23 @@ def test_compile_carries_a_module_pipelines_source_file(tmp_path, monkeypatch):
     _attach_features(manifest, files, parse_pipeline("team_pkg:windows"), warnings)
     assert manifest.features is None and files == {}
     assert len(warnings) == 1 and "team_pkg:windows is not one .py file" in warnings[0]
+
+
+def test_a_bundle_as_working_directory_shadows_nothing(deeplob_bundle, tmp_path, canary):
+    """`cd BUNDLE && edgehft run . --golden`: the isolated first open runs `python -m` in a child, which
+    puts its working directory first on sys.path; a json.py in the bundle (listed or not) must not be
+    imported there instead of the standard library's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    b = tmp_path / "b.cpu"
+    shutil.copytree(deeplob_bundle, b)
+    code = f"import pathlib\npathlib.Path({str(canary)!r}).write_text('ran')\n"
+    for name in ("json.py", "numpy.py", "importlib.py", "edgehft.py"):
+        (b / name).write_text(code)
+    cli = Path(sys.executable).with_name("edgehft")
+    env = {**os.environ, "EDGEHFT_CACHE": str(tmp_path / "cache")}      # no marker: the child runs
+    p = subprocess.run([str(cli), "run", ".", "--golden"], cwd=b, capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "16/16 reproduced" in p.stdout and not canary.exists()

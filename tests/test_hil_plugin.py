@@ -190,3 +190,18 @@ def test_help_lists_the_options(hil):
     assert r.ret == 0, r.stderr.str()
     r.stdout.fnmatch_lines(["edgehft hardware-in-the-loop checks:", "*--edgehft-board=B*",
                             "*--edgehft-soak-max-drift=FRACTION*"])
+
+
+def test_pytest_never_imports_code_from_a_bundle(hil, pytester, deeplob_bundle, tmp_path):
+    """`pytest --edgehft-board cpu --edgehft-bundle B` run in the bundle's parent directory (as the README
+    shows): a conftest.py or test file inside the bundle is not collected, so its code never runs."""
+    canary = tmp_path / "CANARY"
+    b = pytester.path / "deeplob.cpu"
+    shutil.copytree(deeplob_bundle, b)
+    code = f"import pathlib\npathlib.Path({str(canary)!r}).write_text('ran')\n"
+    (b / "conftest.py").write_text(code)
+    (b / "test_evil.py").write_text(code + "def test_x():\n    pass\n")
+    (b / "features" / "conftest.py").write_text(code)
+    r = hil("--edgehft-board=cpu", f"--edgehft-bundle={b}", *FAST, "--edgehft-checks=golden")
+    r.assert_outcomes(passed=1)
+    assert not canary.exists()

@@ -51,6 +51,7 @@ import select
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from edgehft.errors import DeployError, EdgeHFTError
 
@@ -165,8 +166,12 @@ def _isolated(args, argv: list[str]) -> dict:
     Raises:
         DeployError: the child died without answering, e.g. killed by a signal (named, with the step).
     """
+    # cwd "/" and PYTHONSAFEPATH: `-m` would put the working directory first on sys.path (see runtime.isolate)
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONSAFEPATH": "1",
+           "PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
     proc = subprocess.Popen([sys.executable, "-m", "edgehft.deploy.agent", *argv, "--in-child"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, cwd="/", env=env)
     try:
         out, _ = proc.communicate()
     except BaseException:               # a hang-up or SIGTERM: the child goes with us

@@ -61,6 +61,16 @@ def pytest_configure(config) -> None:
         config.stash[_STATE] = _State(s)
 
 
+def pytest_ignore_collect(collection_path, config):
+    """Never collect inside a bundle (a directory holding ``manifest.json``: a bundle, or a version in an
+    install dir): pytest would import its ``conftest.py`` and ``test_*.py``, code from the bundle, when a
+    team runs ``pytest`` next to the bundles it tests. Other paths are left to pytest (None)."""
+    path = Path(collection_path)
+    if path.is_dir() and (path / "manifest.json").is_file():
+        return True
+    return None
+
+
 def pytest_report_header(config):
     state = config.stash.get(_STATE, None)
     if state is None:

@@ -127,7 +127,7 @@ def _child_env() -> dict:
     """This process's environment, with the directory this edgehft is imported from first on PYTHONPATH."""
     root = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else ""), "PYTHONSAFEPATH": "1"}
 
 
 def _run_child(request: dict, timeout_s: float) -> dict:
@@ -135,8 +135,10 @@ def _run_child(request: dict, timeout_s: float) -> dict:
     ``{"failed": rc, "tail": stderr}``."""
     cmd = [sys.executable, "-m", "edgehft.runtime.isolate", json.dumps(request)]
     try:
+        # cwd "/" and PYTHONSAFEPATH: `-m` puts the working directory first on sys.path, and a bundle directory
+        # there (`cd bundle && edgehft run .`) would shadow the standard library with the bundle's files
         p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s,
-                           stdin=subprocess.DEVNULL, env=_child_env())
+                           stdin=subprocess.DEVNULL, env=_child_env(), cwd="/")
     except subprocess.TimeoutExpired as exc:          # killed; its last line says how far it got
         return {**(_last_result(exc.stdout) or {}), "timeout": timeout_s}
     result = _last_result(p.stdout)
@@ -178,8 +180,8 @@ def _raise_for(result: dict, what: str) -> None:
 
 
 def _rebuild(result: dict, what: str) -> BaseException:
-    """The child's exception as one of this process: the same EdgeHFTError or builtin class and message;
-    LiteRT's own refusals as a BundleError."""
+    """The child's exception as one of this process: the same EdgeHFTError class and message; LiteRT's own
+    refusals and any other exception as a BundleError."""
     import builtins
     import importlib
     message, hint = result.get("message", ""), result.get("hint")
@@ -194,9 +196,10 @@ def _rebuild(result: dict, what: str) -> BaseException:
         exc = cls.__new__(cls)
         EdgeHFTError.__init__(exc, message, hint)
         return exc
-    if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
-        return cls(message)
-    return BundleError(f"{what}: {result.get('error')}: {message}", hint=_HINT)
+    # Anything else (KeyError, ValueError, MemoryError, ... from a plan or manifest that does not fit the
+    # model) is the bundle's fault at open: exit 6 with the reason, never a traceback in the caller.
+    return BundleError(f"{what}: the bundle cannot be opened: {result.get('error')}: {message}".replace("\n", " "),
+                       hint=_HINT)
 
 
 # -- the child --------------------------------------------------------------------------------------------
