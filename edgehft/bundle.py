@@ -197,12 +197,11 @@ def _open_regular(path: Path):
         if os.path.islink(path):
             return None, "is a symlink (a bundle holds plain files only)"
         return None, f"cannot be opened ({exc.strerror or exc})"
-    fh = os.fdopen(fd, "rb")
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
-        fh.close()
+        os.close(fd)
         return None, f"is {_kind(mode)}, not a regular file"
-    return fh, None
+    return os.fdopen(fd, "rb"), None
 
 
 def _kind(mode: int) -> str:
@@ -570,6 +569,13 @@ def _read_golden(where, path: Path, m: Manifest) -> tuple[dict, dict]:
         raise _err(where, f"{rel} cannot be read ({type(exc).__name__}: {_short(str(exc), 120)})") from None
     if isinstance(z, np.ndarray):
         raise _err(where, f"{rel} is a single .npy array, not an .npz of inputs/ and outputs/ arrays")
+    members = z.zip.namelist()
+    stems = [n[:-4] for n in members if n.endswith(".npy")]
+    if len(stems) != len(members) or len(set(stems)) != len(stems):
+        odd = sorted({n for n in members if not n.endswith(".npy")} | {n for n in stems if stems.count(n) > 1})
+        z.close()
+        raise _err(where, f"{rel} holds members that are not .npy arrays, or are named twice: "
+                          f"{_short(', '.join(odd), 120)}")
     ins, outs = {}, {}
     try:
         with z:

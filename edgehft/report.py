@@ -6,6 +6,7 @@ boundary copies, whether the verdict is predicted or confirmed, and the drift fi
 """
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -147,11 +148,11 @@ def _tensorrt_table(report: Report, t: Table) -> Table:
         if op.verdict == "confirmed":
             differs = op.confirmed != predicted
             seen = f"[yellow]{op.confirmed}[/]" if differs else op.confirmed
-            why = escape(op.confirmed_by or "") + (f"\n[dim]predicted: {escape(op.reason)}[/]" if differs else "")
+            why = (op.confirmed_by or "") + (f"\n[dim]predicted: {op.reason}[/]" if differs else "")
             status = "[yellow]confirmed, differs[/]" if differs else "[green]confirmed[/]"
         else:
-            seen, status, why = "—", "predicted", escape(op.reason)
-        name = op.op + (f"\n[dim]{escape(op.layer)}[/]" if op.layer else "")
+            seen, status, why = "—", "predicted", op.reason         # strings already printable (print_report)
+        name = op.op + (f"\n[dim]{op.layer}[/]" if op.layer else "")
         t.add_row(str(op.index), name, predicted, seen, status, why)
     return t
 
@@ -183,8 +184,31 @@ def plan_table(plan: dict) -> Table:
     return t
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal through rich: control characters (ANSI escapes, carriage
+    returns) shown as ``\\xNN``, rich markup escaped. For strings that come from files (a bundle's
+    manifest or report), which are untrusted input."""
+    return escape(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text)))
+
+
+def _printable_tree(value):
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {k: _printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_tree(v) for v in value]
+    return value
+
+
 def print_report(report: Report, console: Console | None = None) -> None:
+    """The report as tables and lines on ``console``; every string in it is printed as text, never as
+    markup or terminal control codes (:func:`printable`)."""
     console = console or Console()
+    report = Report.model_validate(_printable_tree(report.model_dump()))
     console.print(ops_table(report))
     counts = ", ".join(f"{k}: {v}" for k, v in report.counts.items())
     console.print(f"ops by {'placement' if any(o.status for o in report.ops) else 'kernel'}: {counts}; "

@@ -171,3 +171,58 @@ def test_a_report_json_of_another_schema(deeplob_bundle, tmp_path, report):
     m["files"]["report.json"] = sha256_file(b / "report.json")
     (b / MANIFEST).write_text(json.dumps(m))
     assert_refused(run_cli("report", b, timeout=60), 6, "report.json is not an edgehft report")
+
+
+def _rehashed_copy(src, dst, mutate):
+    import json
+    import shutil
+    from edgehft.bundle import MANIFEST, sha256_file
+    b = shutil.copytree(src, dst)
+    mutate(b)
+    m = json.loads((b / MANIFEST).read_text())
+    m["files"] = {rel: sha256_file(b / rel) for rel in m["files"] if (b / rel).is_file()}
+    (b / MANIFEST).write_text(json.dumps(m))
+    return b
+
+
+def test_a_golden_npz_with_a_shadow_member(deeplob_bundle, tmp_path):
+    """golden.npz holds outputs/signal.npy (valid, header-checked) and outputs/signal (raw bytes), which is
+    what numpy's NpzFile returns for the key: refused, exit 6."""
+    def shadow(b):
+        with zipfile.ZipFile(b / "golden.npz", "a") as zf:
+            zf.writestr("outputs/signal", b"not an array")
+    b = _rehashed_copy(deeplob_bundle, tmp_path / "b", shadow)
+    assert_refused(run_cli("run", b, "--golden", timeout=60), 6, "not .npy arrays, or are named twice")
+
+
+def test_a_manifest_that_is_a_directory(deeplob_bundle, tmp_path):
+    import shutil
+    b = shutil.copytree(deeplob_bundle, tmp_path / "b")
+    (b / "manifest.json").unlink()
+    (b / "manifest.json").mkdir()
+    assert_refused(run_cli("run", b, "--golden", timeout=60), 6, "manifest.json")
+
+
+@pytest.mark.parametrize("text", ["[bold red]x[/]", "[/]", "\x1b]0;PWNED\x07\x1b[2J"])
+def test_strings_from_a_bundle_are_printed_as_text(deeplob_bundle, tmp_path, text):
+    """Markup or terminal control codes in report.json or in a manifest name reach the terminal as text:
+    `report` exits 0 (rich does not choke on the markup), errors stay one line, no raw ESC byte."""
+    import json
+    def edit_report(b):
+        r = json.loads((b / "report.json").read_text())
+        r["notes"].append(text)
+        r["ops"][0]["reason"] = text
+        (b / "report.json").write_text(json.dumps(r))
+    b = _rehashed_copy(deeplob_bundle, tmp_path / "r", edit_report)
+    out = run_cli("report", b, timeout=60)
+    assert_refused(out, 0)
+    assert "\x1b" not in out.stdout + out.stderr
+    def edit_name(b):
+        m = json.loads((b / "manifest.json").read_text())
+        m["inputs"][0]["index"] = 999
+        m["inputs"][0]["name"] = "lob" + text
+        (b / "manifest.json").write_text(json.dumps(m))
+    b = _rehashed_copy(deeplob_bundle, tmp_path / "n", edit_name)
+    out = run_cli("run", b, "--golden", timeout=60)
+    assert out.returncode == 6 and "\x1b" not in out.stdout + out.stderr
+    assert sum(line.startswith("error:") for line in out.stderr.splitlines()) == 1

@@ -9,10 +9,10 @@ import sys
 
 import click
 from rich.console import Console
-from rich.markup import escape
 
 from edgehft import __version__
 from edgehft.errors import EdgeHFTError
+from edgehft.report import printable
 
 out = Console()
 err = Console(stderr=True)
@@ -23,9 +23,11 @@ def _fail(exc: EdgeHFTError, as_json: bool) -> None:
         click.echo(json.dumps({"error": exc.args[0] if exc.args else str(exc), "type": type(exc).__name__,
                                "hint": exc.hint, "exit_code": exc.exit_code}))
     else:
-        err.print(f"[bold red]error:[/] {escape(str(exc.args[0] if exc.args else exc))}", highlight=False)
+        # one line each, never wrapped; text from bundles shown as text (no markup, no control codes)
+        err.print(f"[bold red]error:[/] {printable(exc.args[0] if exc.args else exc)}", highlight=False,
+                  soft_wrap=True)
         if exc.hint:
-            err.print(f"  [yellow]hint:[/] {escape(exc.hint)}", highlight=False)
+            err.print(f"  [yellow]hint:[/] {printable(exc.hint)}", highlight=False, soft_wrap=True)
     sys.exit(exc.exit_code)
 
 

@@ -5,10 +5,10 @@ import json
 import sys
 
 import click
-from rich.markup import escape
 from rich.table import Table
 
 from edgehft.cli.common import err, handles_errors, json_opt, main, out
+from edgehft.report import printable
 
 ssh_config_opt = click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), default=None,
                               help="OpenSSH config file (ssh -F); default: your ~/.ssh/config.")
@@ -105,7 +105,7 @@ def _print_results(results, dry_run: bool) -> None:
         for why in r.forced:
             err.print(f"[bold red]FORCED[/] {r.host}: {why}", highlight=False)
         for w in r.warnings:
-            err.print(f"[bold yellow]warning:[/] {escape(r.host)}: {escape(w)}", highlight=False)
+            err.print(f"[bold yellow]warning:[/] {printable(r.host)}: {printable(w)}", highlight=False)
     if len(results) == 1 and results[0].plan:
         r = results[0]
         out.print(f"[bold]dry run[/] {r.host} ({r.board}), active now: {r.active_before or 'nothing'}")
@@ -114,13 +114,13 @@ def _print_results(results, dry_run: bool) -> None:
         return
     if len(results) == 1 and not results[0].ok:
         r = results[0]
-        err.print(f"[bold red]deploy failed[/] at {r.step} on {escape(r.host)}: {escape(r.error or '')}",
+        err.print(f"[bold red]deploy failed[/] at {r.step} on {printable(r.host)}: {printable(r.error or '')}",
                   highlight=False)
         if r.hint:
-            err.print(f"  [yellow]hint:[/] {escape(r.hint)}", highlight=False)
+            err.print(f"  [yellow]hint:[/] {printable(r.hint)}", highlight=False)
         serves = (r.active_after or "nothing (no version was active)") if r.box_reached else \
             "unknown (the box was not reached; `edgehft status --host` tells)"
-        err.print(f"  the box serves: {escape(serves)}", highlight=False)
+        err.print(f"  the box serves: {printable(serves)}", highlight=False)
         return
     dirs = len({r.install_dir for r in results}) > 1
     boards = sorted({r.board for r in results})
@@ -129,14 +129,14 @@ def _print_results(results, dry_run: bool) -> None:
         t.add_column(col, no_wrap=col in ("host", "result", "version"), overflow="fold")
     for r in results:
         g = r.golden
-        t.add_row(escape(r.host), *((escape(r.install_dir),) if dirs else ()),
+        t.add_row(printable(r.host), *((printable(r.install_dir),) if dirs else ()),
                   "[green]ok[/]" if r.ok else f"[red]failed at {r.step}[/]",
                   r.active_after if r.ok and not dry_run else (r.version or ""),
                   f"{g['matched']}/{g['count']}" if g else "", f"{sum(r.seconds.values()):.1f}")
     out.print(t)
     for r in results:
         if not r.ok:
-            err.print(f"[red]{escape(r.host)}[/] ({r.step}): {escape((r.error or '').removeprefix(r.host + ': '))}",
+            err.print(f"[red]{printable(r.host)}[/] ({r.step}): {printable((r.error or '').removeprefix(r.host + ': '))}",
                       highlight=False)
 
 
@@ -158,7 +158,7 @@ def status_cmd(host, board, ssh_config, remote_python, install_dir, as_json):
         f" — board {a.get('board')}, model {a.get('model_file')} sha256 {str(a.get('model_sha256'))[:16]}…, "
         f"bundle sha256 {str(a.get('bundle_sha256'))[:16]}…, deployed {a.get('received_utc')}" if a else ""))
     if s.get("active_problems"):
-        err.print(f"  [bold red]the active version does not match its manifest:[/] {escape(s['active_problems'][0])}",
+        err.print(f"  [bold red]the active version does not match its manifest:[/] {printable(s['active_problems'][0])}",
                   highlight=False)
     out.print(f"  previous: {s['previous'] or 'none'}")
     out.print("  runtime: " + ", ".join(f"{k} {v}" for k, v in f["packages"].items()))
@@ -195,4 +195,4 @@ def rollback_cmd(host, to, board, ssh_config, remote_python, install_dir, as_jso
     else:
         out.print(f"{host}: active [bold]{res['active']}[/] (was {res['previous']})")
         for w in res.get("warnings") or []:
-            err.print(f"[bold yellow]warning:[/] {escape(w)}", highlight=False)
+            err.print(f"[bold yellow]warning:[/] {printable(w)}", highlight=False)

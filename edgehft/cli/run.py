@@ -9,6 +9,7 @@ import numpy as np
 from rich.table import Table
 
 from edgehft.checks import bundle_windows, check_golden, golden_mismatch
+from edgehft.report import printable
 from edgehft.cli.common import (err, handles_errors, json_opt, main, out, run_features_opt, runner_opts,
                                 ticks_opt, open_runner)
 
@@ -61,7 +62,7 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
         t.add_column("window", justify="right")
         t.add_column("tick time (ns)", justify="right")
         for nm in names:
-            t.add_column(nm)
+            t.add_column(printable(nm))
         for row in rows:
             t.add_row(str(row["window"]), "" if row["t_ns"] is None else str(row["t_ns"]),
                       *(np.array2string(np.asarray(row[nm]), precision=4, separator=" ") for nm in names))
