@@ -2,7 +2,8 @@
 
 A board names its runtime backend, the quantization modes it takes, its latency budget and SSH
 defaults. The files ship inside the wheel (``edgehft/_boards``) and are read from the source tree in a
-development checkout.
+development checkout; a third-party backend (:mod:`edgehft.backends`) adds its own directories of board
+files, after these (a built-in board's name cannot be taken).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgehft import backends
 from edgehft.errors import InputError
 
 _PKG = Path(__file__).resolve().parent
@@ -35,7 +37,7 @@ class Board(BaseModel):
 
 def _board_files() -> dict[str, Path]:
     found: dict[str, Path] = {}
-    for d in BOARD_DIRS:
+    for d in (*BOARD_DIRS, *map(Path, backends.plugin_board_dirs())):
         if d.is_dir():
             for f in sorted(d.glob("*.toml")):
                 found.setdefault(f.stem, f)

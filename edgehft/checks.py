@@ -49,13 +49,14 @@ def check_golden(runner) -> dict:
 
 
 def golden_mismatch(result: dict, backend: str) -> GoldenMismatchError:
-    """The error for a failed :func:`check_golden` ``result`` on a runner of ``backend``."""
+    """The error for a failed :func:`check_golden` ``result`` on a runner of ``backend`` (a backend name; its
+    :class:`~edgehft.backends.Backend` ``golden_hint`` starts the hint, the default one for a name not installed)."""
+    from edgehft.backends import Backend, find
+    spec = find(backend) if backend else None
+    start = spec.golden_hint if spec is not None else Backend.golden_hint
     return GoldenMismatchError(
         f"{result['count'] - result['matched']} of {result['count']} golden vectors differ "
-        f"(max diff {result['max_diff']})",
-        hint=("the overlay's kernels or the bundle's FPGA weights do not reproduce the golden path "
-              if backend == "pynq" else "the interpreter path differs from the one that made the bundle: ")
-        + result["expected_path"])
+        f"(max diff {result['max_diff']})", hint=start + result["expected_path"])
 
 
 def bundle_pipeline(bundle):

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from edgehft import __version__
+from edgehft import __version__, backends
 from edgehft.boards import load_board
 from edgehft.bundle import (FORMAT_VERSION_FOR_PLAN, Bundle, Features, Manifest, Quantization, SourceModel,
                             TensorSpec, sha256_arrays, sha256_file, write_bundle)
@@ -23,10 +23,10 @@ from edgehft.compiler.drift import measure_drift
 from edgehft.compiler.golden import golden_record, run_golden
 from edgehft.compiler.plans import NATIVE_PLANS
 from edgehft.compiler.isolate import run_worker
+from edgehft.compiler.stage import StageInput
 from edgehft.errors import ConverterError, DriftError, InputError, LoweringError
 from edgehft.ir import TFLiteModel
-from edgehft.ir.tflite_model import source_layer
-from edgehft.report import OpPlacement, Report, segments_of
+from edgehft.report import Report
 from edgehft.windows import load_windows, parse_pipeline, sidecar_pipeline
 
 _RECURRENT_FIX = {"LSTM": "build the model with keras.Input of a static shape; avoid stateful=True / masking",
@@ -82,36 +82,6 @@ def _check_no_loops(ir: TFLiteModel, layers: list) -> None:
     raise LoweringError(f"{which} lowered to a TFLite WHILE loop, not a fused sequence op", hint=fix)
 
 
-def _native_reason(op_name: str, plan: str) -> str:
-    if op_name == "UNIDIRECTIONAL_SEQUENCE_LSTM":
-        return ("edgehft native: input projection on the bf16 conv kernel, recurrence on the fp32 LSTM kernel "
-                "(native-bf16 plan)" if plan == "native-bf16" else "edgehft's native fp32 LSTM kernel (native plan)")
-    if op_name == "LEAKY_RELU":
-        return "fused into the CONV_2D before it on edgehft's native bf16 conv kernel (native-bf16 plan)"
-    if op_name in ("RESHAPE", "STRIDED_SLICE"):
-        return "a view of its input, no copy (native-bf16 plan)"
-    if op_name == "CONV_2D":
-        return "edgehft's native bf16 conv kernel, AMX tiles (native-bf16 plan)"
-    return "edgehft's native fp32 kernel, cpu_ops.cpp (native-bf16 plan)"
-
-
-def _op_report(ir: TFLiteModel, kernels: dict[int, str], layers: list, plan: str = "") -> list[OpPlacement]:
-    lstm_layers = [n for n, c in layers if c == "LSTM"]
-    ops = []
-    for op in ir.main.ops:
-        out = ir.main.tensors[op.outputs[0]] if op.outputs else None
-        layer = source_layer(out.name) if out else None
-        if op.name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and lstm_layers:
-            layer = lstm_layers.pop(0)
-        kernel = kernels.get(op.index, "builtin")
-        reason = ("delegated to XNNPACK" if kernel == "XNNPACK" else _native_reason(op.name, plan)
-                  if kernel == "native" else "XNNPACK does not take it")
-        ops.append(OpPlacement(index=op.index, op=op.name, version=op.version, layer=layer, placement="cpu",
-                               reason_code=f"CPU_{kernel.upper()}", reason=reason, kernel=kernel,
-                               dtype=out.dtype if out else None))
-    return ops
-
-
 def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                   opts: CompileOptions | None = None,
                   progress: Callable[[str], None] | None = None) -> CompileResult:
@@ -136,18 +106,14 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
     if not model.exists():
         raise InputError(f"no such model: {model}")
     board = load_board(opts.board)
-    if board.backend == "jetson" and model.suffix == ".tflite":
-        raise InputError(f"{board.name} takes a Keras model (exported to ONNX), not a .tflite",
-                         hint="pass the .keras / .h5 / SavedModel the .tflite came from")
+    stage = backends.get(board.backend).load("compiler")     # the board's part: edgehft.compiler.stage
+    stage.validate(board, model, opts)
     as_is = model.suffix == ".tflite"
-    if board.backend != "coral" and (opts.edgetpu_model or (opts.edgetpu and any(
-            v is not None for v in vars(opts.edgetpu).values()))):
-        raise InputError(f"-m/-a/-i/--edgetpu-model apply to Coral boards, not {board.name}")
     if as_is and opts.quant:
         raise InputError(f"--quant does not apply to {model.name}: a .tflite is taken as it was quantized",
                          hint="drop --quant, or compile the Keras model it came from")
     quant = opts.quant or board.default_quantization
-    if quant == "auto" and board.backend != "cpu":
+    if quant == "auto" and not stage.plans_on_host:
         raise InputError(f"--quant auto measures execution plans on this host: it is for the cpu board, "
                          f"not {board.name}", hint=f"choose one of {', '.join(board.quantization)}")
     if quant not in board.quantization and quant != "auto" and not as_is:
@@ -174,22 +140,18 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
             if quant == "auto" or quant.startswith("native"):  # int8 is model.tflite; others model_<plan>.tflite
                 from edgehft.compiler.plans import CANDIDATES
                 req.update(quant="int8", plans=list(CANDIDATES))
-            if board.backend == "coral":
-                req["io_dtype"] = coral.io_dtype(board)
-            if board.backend == "jetson":
-                from edgehft.compiler import jetson
-                req.update(jetson.worker_request(quant))      # float ONNX (+ int8 TFLite for int8)
+            req.update(stage.worker_request(board, quant))
             info = run_worker(req, work / "worker", timeout_s=opts.timeout_s, on_stage=say)
-            if board.backend == "jetson":
-                with np.load(work / "worker" / "float_outputs.npz") as z:
-                    float_outs = [z[f"out{k}"] for k in range(len(z.files))]
-                return _jetson_bundle(model, info, quant, board, held, float_outs, cal, source, pipeline, work,
-                                      out, opts, say)
             model_file = work / "worker" / "model.tflite"
             with np.load(work / "worker" / "float_outputs.npz") as z:
                 float_outs = [z[f"out{k}"] for k in range(len(z.files))]
+        ctx = StageInput(board=board, opts=opts, quant=quant, work=work, info=info, source=None, quantization=None,
+                         cal=cal, held=held, float_outs=float_outs, say=say)
+        if not stage.golden_on_cpu:               # the backend makes its golden vectors and manifest itself
+            ctx.source, ctx.quantization = _source_model(model, info), _quantization(quant, cal, held, source)
+            return _stage_bundle(stage, ctx, pipeline, out)
         ev = dict(model=model, info=info, board=board, cal=cal, held=held, float_outs=float_outs,
-                  source=source, opts=opts)
+                  source=source, opts=opts, allow_missing=stage.golden_may_be_missing)
         plan_section = None
         if quant == "auto":
             from edgehft.compiler.plans import CANDIDATES, Candidate, choose, time_plans
@@ -226,36 +188,16 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
         files: dict[str, bytes | Path] = {"model.tflite": model_file, **golden_files}
         manifest.toolchain = {**info["versions"], "edgehft": __version__, "interpreter": gold.path,
                               "python": platform.python_version()}
-        if board.backend == "coral":
-            stage = coral.coral_stage(model_file, work, board, opts.edgetpu, timeout_s=opts.timeout_s,
-                                      compiled_model=opts.edgetpu_model, say=say)
-            report = stage.report
-            report.drift, report.golden = drift, golden
-            golden_notes, golden_warnings = coral.golden_notes(golden)
-            report.notes += golden_notes
-            warnings += golden_warnings
-            files.update(stage.files)
-            manifest.artifacts, manifest.accelerator = stage.artifacts, stage.accelerator
-            manifest.toolchain.update(stage.toolchain)
-            warnings += stage.warnings
-        elif board.backend == "pynq":
-            from edgehft.compiler.pynq import pynq_stage
-            say("partition for the FPGA overlay")
-            stage = pynq_stage(model_file, board, gold.kernels, say=say)
-            report = stage.report
-            report.drift, report.golden = drift, golden
-            files.update(stage.files)
-            manifest.artifacts, manifest.accelerator = stage.artifacts, stage.accelerator
-        else:
-            ops = _op_report(ir, gold.kernels, info["layers"], quant)
-            counts: dict[str, int] = {}
-            for op in ops:
-                counts[op.kernel] = counts.get(op.kernel, 0) + 1
-            report = Report(board=board.name, verdict="confirmed", verdict_source=gold.path, ops=ops,
-                            counts=counts, segments=segments_of(ops), boundary_copies=0, drift=drift,
-                            golden=golden,
-                            notes=[f"the {board.name} board runs every op on the host CPU; 'kernel' says "
-                                   "whether XNNPACK, LiteRT's builtin kernel or an edgehft native kernel runs it"])
+        ctx.quant, ctx.source, ctx.quantization, ctx.model_file, ctx.ir, ctx.gold, ctx.golden, ctx.drift = (
+            quant, manifest.source, manifest.quantization, model_file, ir, gold, golden, drift)
+        built = stage.build(ctx)
+        report = built.report
+        report.drift, report.golden = drift, golden
+        files.update(built.files)
+        manifest.artifacts.update(built.artifacts)
+        manifest.accelerator.update(built.accelerator)
+        manifest.toolchain.update(built.toolchain)
+        warnings += built.warnings
         if r.get("native_files"):
             files.update(r["native_files"])
             report.notes.append(f"{quant} plan: {NATIVE_PLANS[quant]}. `bench --profile` times each step of that "
@@ -336,7 +278,7 @@ def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> li
 
 
 def _evaluate(model_file: Path, quant: str, where: Path, *, model, info, board, cal, held, float_outs, source,
-              opts, extra_files: dict[str, bytes] | None = None) -> dict:
+              opts, allow_missing: bool = False, extra_files: dict[str, bytes] | None = None) -> dict:
     """Read ``model_file`` (one plan), run it on the cpu runtime: golden vectors and drift vs Keras.
     Returns ``ir``, ``inputs``/``outputs`` specs, the draft ``manifest`` and ``draft`` bundle, ``gold``,
     ``drift`` (None without a float reference) and ``model_file``."""
@@ -347,13 +289,7 @@ def _evaluate(model_file: Path, quant: str, where: Path, *, model, info, board, 
     outputs = [_spec(ir, i, out_names[k] if k < len(out_names) else f"output_{k}")
                for k, i in enumerate(ir.main.outputs)]
     manifest = Manifest(board=board.name, backend=board.backend, model_file="model.tflite",
-                        source=SourceModel(file=model.name, sha256=_model_sha(model),
-                                           flavour=info["flavour"], lowering=info["lowering"]),
-                        quantization=Quantization(mode=quant,
-                                                  calibration_sha256=sha256_arrays(cal) if cal is not None else None,
-                                                  calibration_windows=len(cal) if cal is not None else 0,
-                                                  calibration_source=source,
-                                                  drift_windows=len(held) if held is not None else 0),
+                        source=_source_model(model, info), quantization=_quantization(quant, cal, held, source),
                         inputs=inputs, outputs=outputs)
     where.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(model_file, where / "model.tflite")
@@ -364,7 +300,7 @@ def _evaluate(model_file: Path, quant: str, where: Path, *, model, info, board, 
             (where / rel).write_bytes(data)
         manifest.artifacts["native"] = NATIVE_JSON
     draft = Bundle(where, manifest)
-    gold = run_golden(draft, board, held, opts.golden_count, opts.seed, allow_missing=board.backend == "coral")
+    gold = run_golden(draft, board, held, opts.golden_count, opts.seed, allow_missing=allow_missing)
     drift = None
     if float_outs is not None and gold.missing is None:
         drift = measure_drift(float_outs, gold.dequantized, [o.name for o in outputs],
@@ -375,26 +311,27 @@ def _evaluate(model_file: Path, quant: str, where: Path, *, model, info, board, 
                 model_file=model_file)
 
 
-def _jetson_bundle(model, info, quant, board, held, float_outs, cal, source, pipeline, work, out, opts, say):
-    from edgehft.compiler.jetson import jetson_stage
-    say("golden vectors and TensorRT placement from the ONNX model")
-    st = jetson_stage(work, info, quant, board, held, float_outs, opts.golden_count, opts.drift_threshold,
-                      info["input_names"][0], info["output_names"])
-    manifest = Manifest(board=board.name, backend=board.backend, model_file=st.model_file,
-                        source=SourceModel(file=model.name, sha256=_model_sha(model), flavour=info["flavour"],
-                                           lowering=info["lowering"]),
-                        quantization=Quantization(mode=quant, calibration_sha256=sha256_arrays(cal),
-                                                  calibration_windows=len(cal), calibration_source=source,
-                                                  drift_windows=len(held)),
-                        inputs=st.inputs, outputs=st.outputs, golden=st.golden)
-    manifest.toolchain = {**info["versions"], "edgehft": __version__, "python": platform.python_version(),
-                          "tensorrt_predicted_for": board.tensorrt["version"]}
-    manifest.accelerator = {"onnx": info["onnx"], "engine": "built on the board (not portable)"}
-    files = dict(st.files)
-    _attach_features(manifest, files, pipeline, st.warnings)
-    say("write bundle")
-    bundle = write_bundle(out, manifest, files, report=st.report.model_dump())
-    return CompileResult(bundle, st.report, st.warnings)
+def _source_model(model: Path, info: dict) -> SourceModel:
+    """The manifest's record of the model compiled (file name, hash, flavour, lowering)."""
+    return SourceModel(file=model.name, sha256=_model_sha(model), flavour=info["flavour"], lowering=info["lowering"])
+
+
+def _quantization(quant: str, cal, held, source: list) -> Quantization:
+    """The manifest's quantization record: ``quant`` and the calibration/held-out windows (None: none)."""
+    return Quantization(mode=quant, calibration_sha256=sha256_arrays(cal) if cal is not None else None,
+                        calibration_windows=len(cal) if cal is not None else 0, calibration_source=source,
+                        drift_windows=len(held) if held is not None else 0)
+
+
+def _stage_bundle(stage, ctx: StageInput, pipeline, out) -> CompileResult:
+    """The bundle of a backend that makes its own golden vectors (``golden_on_cpu`` False): its
+    :meth:`~edgehft.compiler.stage.CompilerStage.build` returns the manifest, files and report."""
+    built = stage.build(ctx)
+    files = dict(built.files)
+    _attach_features(built.manifest, files, pipeline, built.warnings)
+    ctx.say("write bundle")
+    bundle = write_bundle(out, built.manifest, files, report=built.report.model_dump())
+    return CompileResult(bundle, built.report, built.warnings)
 
 
 def _attach_features(manifest: Manifest, files: dict, pipeline, warnings: list | None = None) -> None:

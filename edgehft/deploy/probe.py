@@ -109,14 +109,17 @@ def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_c
                      needs_amx: bool = False) -> list[str]:
     """Why the box described by ``facts`` is not ``board`` (empty when it is).
 
-    Rules per backend: cpu — a LiteRT interpreter is installed; pynq — ``BOARD`` equals the board file's
-    ``runtime.pynq_board``; jetson — the L4T release starts with the board's ``runtime.l4t`` and every word
-    of the board name after ``jetson-`` is in the device-tree model; coral — an Edge TPU on the board's
-    ``runtime.device`` bus (usb or pci). Every box needs a LiteRT interpreter (CPU segments, golden checks)
-    unless it is a Jetson, and an edgehft that reads the bundle's format version; ``needs_cxx`` (a cpu
-    bundle on a native plan, whose kernels are built on the box at first open): a C++ compiler;
-    ``needs_amx`` (the native-bf16 plan): a CPU with AMX-BF16 (when the box reports its flags).
+    Every box needs an edgehft that reads the bundle's format version; ``needs_cxx`` (a cpu bundle on a
+    native plan, whose kernels are built on the box at first open): a C++ compiler; ``needs_amx`` (the
+    native-bf16 plan): a CPU with AMX-BF16 (when the box reports its flags). What makes a box the board
+    is the board's backend's own probe (:mod:`edgehft.backends`, ``probe``; the built-ins' rules are in
+    :mod:`edgehft.deploy.probe_rules`: a LiteRT interpreter on every box but a Jetson, plus PYNQ's ``BOARD``,
+    the Jetson's L4T release and module, an Edge TPU on the Coral board's bus).
+
+    Raises:
+        BoardUnavailableError: no backend of the board's name is installed here (listing the installed ones).
     """
+    from edgehft import backends
     why = []
     pk = facts.get("packages", {})
     if facts.get("bundle_format_version", 0) < bundle_format_version:
@@ -130,27 +133,5 @@ def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_c
     if needs_cxx and not facts.get("cxx"):
         why.append("no C++ compiler (g++) on the box to build the bundle's native kernels; install g++ there, "
                    "or compile with --quant dynamic")
-    rt = board.runtime
-    has_litert = "ai-edge-litert" in pk or "tflite-runtime" in pk
-    if board.backend != "jetson" and not has_litert:
-        why.append("no LiteRT interpreter on the box (pip install ai-edge-litert, or tflite-runtime)")
-    if board.backend == "pynq":
-        want, got = rt.get("pynq_board"), facts.get("pynq_board")
-        if got != want:
-            why.append(f"PYNQ board is {got or 'not set (no BOARD in the environment: not a PYNQ image)'}, "
-                       f"{board.name} needs {want}")
-    elif board.backend == "jetson":
-        l4t, model = facts.get("l4t"), facts.get("device_tree_model") or ""
-        want = str(rt.get("l4t", ""))
-        if l4t is None:
-            why.append("no /etc/nv_tegra_release: not a Jetson (L4T) system")
-        elif want and not (l4t == want or l4t.startswith(want + ".")):
-            why.append(f"L4T {l4t}, {board.name} is defined for L4T {want} (JetPack {rt.get('jetpack', '?')})")
-        words = board.name.removeprefix("jetson-").split("-")
-        if l4t is not None and not all(w.lower() in model.lower().split() for w in words):
-            why.append(f"module is {model or 'unknown'!r}, not a Jetson {' '.join(words)}")
-    elif board.backend == "coral":
-        bus = str(rt.get("device", "usb")).split(":")[0]
-        if facts.get("edgetpu", {}).get(bus, 0) < 1:
-            why.append(f"no Edge TPU on {bus.upper()} (found: {facts.get('edgetpu')})")
-    return why
+    probe = backends.get(board.backend).load("probe")
+    return why + list(probe(board, facts))

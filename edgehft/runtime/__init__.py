@@ -1,7 +1,8 @@
 """The board runtime: ``open(bundle, board) -> Runner`` with ``predict`` / ``close``.
 
-Never imports TensorFlow. One module per backend (``edgehft/runtime/<backend>.py``), found by name from
-the board's ``backend`` field; each exposes a ``Runner`` subclass of :class:`edgehft.runtime.base.Runner`.
+Never imports TensorFlow. One module per backend, found through :mod:`edgehft.backends` from the board's
+``backend`` field (the built-ins are ``edgehft/runtime/<backend>.py``; a plugin names its own); each exposes a
+``Runner`` subclass of :class:`edgehft.runtime.base.Runner`.
 
     from edgehft import runtime
     with runtime.open("deeplob.bundle", threads=1, affinity=[1]) as r:
@@ -9,12 +10,12 @@ the board's ``backend`` field; each exposes a ``Runner`` subclass of :class:`edg
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
+from edgehft import backends
 from edgehft.boards import load_board
 from edgehft.bundle import Bundle, load_bundle
-from edgehft.errors import BoardUnavailableError, BundleError, InputError
+from edgehft.errors import BundleError, InputError
 from edgehft.runtime.base import Runner
 
 __all__ = ["open", "Runner"]
@@ -38,12 +39,13 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
             coral: ``device`` = ``usb`` | ``usb:N`` | ``pci`` | ``pci:N``, ``emulate`` = run the int8 graph
             on this CPU).
     Raises:
-        InputError: ``emulate``/``device`` given for the cpu board; a ``require_signature`` file that is
-            not readable, or True for a bundle outside an install dir.
+        InputError: ``emulate``/``device`` given for a board that runs on the host CPU (cpu); a
+            ``require_signature`` file that is not readable, or True for a bundle outside an install dir.
         BundleError: malformed bundle, files that do not match the manifest, or a board mismatch;
             :class:`~edgehft.signing.SignatureError` for a missing or untrusted signature; a model that
             LiteRT refuses or crashes on in its first, isolated open (:mod:`edgehft.runtime.isolate`).
-        BoardUnavailableError: the backend's library or device is missing on this machine.
+        BoardUnavailableError: the backend's library or device is missing on this machine, or no backend of
+            the board's name is installed (the message lists the installed ones).
     """
     path = bundle.path if isinstance(bundle, Bundle) else bundle
     if require_signature:       # on the resolved path: a `current` swapped meanwhile cannot slip another in
@@ -56,17 +58,11 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
     if name != b.manifest.board:
         raise BundleError(f"bundle {b.path} was compiled for board {b.manifest.board!r}, not {name!r}",
                           hint=f"compile it again with --board {name}")
-    if spec.backend == "cpu" and (options.get("emulate") or options.get("device")):
+    backend = backends.get(spec.backend)
+    if backend.host_cpu and (options.get("emulate") or options.get("device")):
         raise InputError(f"--emulate/--device apply to accelerator boards; {name} runs on this host's CPU",
                          hint="drop the option, or open a bundle compiled for an accelerator board")
-    try:
-        module = importlib.import_module(f"edgehft.runtime.{spec.backend}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"edgehft.runtime.{spec.backend}":
-            raise
-        raise BoardUnavailableError(f"this edgehft has no runtime backend {spec.backend!r} for board {name} yet",
-                                    hint="`edgehft compile` and `edgehft report` already work for it; compile "
-                                         "the model with --board cpu to run it on this host meanwhile") from None
+    module = backend.load("runtime")
     from edgehft.runtime.isolate import first_open
     first_open(b, spec, threads, options)      # a model that crashes LiteRT does so in a child, once per bundle
     return module.Runner(b, spec, threads=threads, affinity=affinity, **options)

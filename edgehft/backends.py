@@ -1,0 +1,170 @@
+"""The backend registry (ground floor): a board's ``backend`` name -> the :class:`Backend` that serves it.
+
+A backend is one contract per stage, each named by a module path and imported only when that stage runs,
+so a lookup imports nothing heavy (no vendor library, no TensorFlow, no runtime):
+
+- ``runtime``: the module holding the backend's ``Runner`` (a :class:`edgehft.runtime.base.Runner`);
+- ``compiler``: ``"module:attribute"`` naming its compiler stage, the board-specific part of
+  ``compile_model`` (see :class:`edgehft.compiler.stage.CompilerStage`);
+- ``probe``: ``"module:function"``, ``probe(board, facts) -> list[str]``: why the box described by
+  :func:`edgehft.deploy.probe.probe_box`'s ``facts`` is not ``board`` (empty when it is);
+- ``board_dirs``: extra directories of ``<name>.toml`` board files (a plugin ships its own boards).
+
+The built-ins are ``cpu``, ``coral``, ``pynq`` and ``jetson``. Third-party backends come from the entry-point
+group ``edgehft.backends``: the entry point's name is the backend name and its value
+(``"module:attribute"``) names a :class:`Backend`, e.g. in a plugin's ``pyproject.toml``::
+
+    [project.entry-points."edgehft.backends"]
+    null = "null_board:BACKEND"
+
+A built-in name cannot be taken by a plugin (the built-in wins). Runs on the box too: no new syntax.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from importlib import metadata
+
+from edgehft.errors import BoardUnavailableError
+
+GROUP = "edgehft.backends"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One board kind's stages, each by module path (imported lazily, see :meth:`load`).
+
+    Attributes:
+        name: the ``backend`` field of the board TOMLs this backend serves.
+        runtime: module holding ``Runner``.
+        compiler: ``"module:attribute"`` of its compiler stage object.
+        probe: ``"module:function"`` of its box probe, ``(board, facts: dict) -> list[str]``.
+        host_cpu: the board runs on this host's CPU (``--emulate``/``--device`` do not apply to it).
+        board_dirs: extra directories holding its ``<board>.toml`` files (absolute paths).
+        golden_hint: the start of the hint when its runner does not reproduce the golden vectors (the
+            golden path the bundle was made on follows it).
+    """
+
+    name: str
+    runtime: str
+    compiler: str
+    probe: str
+    host_cpu: bool = False
+    board_dirs: tuple = field(default_factory=tuple)
+    golden_hint: str = "the interpreter path differs from the one that made the bundle: "
+
+    def load(self, stage: str):
+        """The object behind ``stage`` (``"runtime"``, ``"compiler"`` or ``"probe"``), imported now.
+
+        Raises:
+            BoardUnavailableError: the module or attribute is missing (the message names the backend).
+        """
+        return load_object(getattr(self, stage), f"backend {self.name!r} {stage}")
+
+
+def _ref(module: str) -> str:
+    return f"edgehft.{module}"
+
+
+BUILTIN = {
+    "cpu": Backend("cpu", _ref("runtime.cpu"), _ref("compiler.stage_cpu:STAGE"), _ref("deploy.probe_rules.cpu:probe"),
+                   host_cpu=True),
+    "coral": Backend("coral", _ref("runtime.coral"), _ref("compiler.stage_coral:STAGE"),
+                     _ref("deploy.probe_rules.coral:probe")),
+    "pynq": Backend("pynq", _ref("runtime.pynq"), _ref("compiler.stage_pynq:STAGE"),
+                    _ref("deploy.probe_rules.pynq:probe"),
+                    golden_hint="the overlay's kernels or the bundle's FPGA weights do not reproduce the golden path "),
+    "jetson": Backend("jetson", _ref("runtime.jetson"), _ref("compiler.stage_jetson:STAGE"),
+                      _ref("deploy.probe_rules.jetson:probe")),
+}
+
+
+def load_object(ref: str, what: str):
+    """Import ``ref`` (``"module"`` or ``"module:attribute"``) and return the module or attribute.
+
+    Raises:
+        BoardUnavailableError: the module or the attribute does not exist (a missing vendor library that the
+            module imports at its top is reported the same way, naming it).
+    """
+    module, _, attr = ref.partition(":")
+    try:
+        obj = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise BoardUnavailableError(f"{what}: module {module} cannot be imported (no module {exc.name!r})",
+                                    hint="install the package that provides it, or check its entry point") from None
+    if not attr:
+        return obj
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise BoardUnavailableError(f"{what}: {module} has no {attr!r}",
+                                    hint="check the backend's entry point value (module:attribute)") from None
+    return obj
+
+
+def _entry_points() -> list:
+    try:
+        return list(metadata.entry_points(group=GROUP))
+    except TypeError:                              # Python < 3.10: a dict of groups
+        return list(metadata.entry_points().get(GROUP, []))
+
+
+def _from_entry_point(ep) -> Backend:
+    where = f"backend {ep.name!r} (entry point {ep.value} in group {GROUP})"
+    try:
+        obj = ep.load()
+    except Exception as exc:                       # a plugin's own import error: say which plugin
+        raise BoardUnavailableError(f"{where} failed to load: {type(exc).__name__}: {exc}",
+                                    hint="reinstall or remove the package that provides it") from None
+    if not isinstance(obj, Backend):
+        raise BoardUnavailableError(f"{where} is a {type(obj).__name__}, not an edgehft.backends.Backend")
+    if obj.name != ep.name:
+        raise BoardUnavailableError(f"{where} names itself {obj.name!r}",
+                                    hint="the entry point's name must be the Backend's name")
+    return obj
+
+
+def names() -> list[str]:
+    """Every installed backend name: the built-ins, then the plugins' (sorted)."""
+    extra = sorted({ep.name for ep in _entry_points()} - set(BUILTIN))
+    return list(BUILTIN) + extra
+
+
+def find(name: str) -> Backend | None:
+    """The backend called ``name``, or None when none of that name is installed or its plugin fails to load."""
+    try:
+        return get(name)
+    except BoardUnavailableError:
+        return None
+
+
+def get(name: str) -> Backend:
+    """The backend called ``name`` (a board's ``backend`` field).
+
+    Raises:
+        BoardUnavailableError: no backend of that name is installed (the message lists the installed ones),
+            or its plugin fails to load.
+    """
+    if name in BUILTIN:
+        return BUILTIN[name]
+    for ep in _entry_points():
+        if ep.name == name:
+            return _from_entry_point(ep)
+    raise BoardUnavailableError(f"no backend {name!r} is installed",
+                                hint=f"installed backends: {', '.join(names())}; a plugin registers one in the "
+                                     f"entry-point group {GROUP}")
+
+
+def plugin_board_dirs() -> list:
+    """The board directories third-party backends ship, in backend-name order. A plugin that fails to load
+    adds none (its boards are then unknown; :func:`get` says why)."""
+    dirs = []
+    for ep in sorted(_entry_points(), key=lambda e: e.name):
+        if ep.name in BUILTIN:
+            continue
+        try:
+            dirs += list(_from_entry_point(ep).board_dirs)
+        except BoardUnavailableError:
+            continue
+    return dirs

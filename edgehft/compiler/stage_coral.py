@@ -1,0 +1,30 @@
+"""The Coral boards' compiler stage: the int8 IR partitioned (and compiled, where edgetpu_compiler is
+installed) for the Edge TPU by :func:`edgehft.compiler.coral.coral_stage`."""
+from __future__ import annotations
+
+from edgehft.compiler import coral
+from edgehft.compiler.stage import CompilerStage, StageInput, StageOutput
+
+
+class CoralStage(CompilerStage):
+    """Edge TPU boards: they take the Edge TPU flags, the worker makes model I/O of the board's dtype, and
+    a model LiteRT cannot run still gets its partition (the bundle says why it has no golden vectors)."""
+
+    takes_edgetpu_flags = True
+    golden_may_be_missing = True
+
+    def worker_request(self, board, quant: str) -> dict:
+        """The model's I/O dtype for the board's Edge TPU runtime (``io_dtype``)."""
+        return {"io_dtype": coral.io_dtype(board)}
+
+    def build(self, ctx: StageInput) -> StageOutput:
+        """Partition/compile ``ctx.model_file``; the golden record's notes and warnings join the report."""
+        st = coral.coral_stage(ctx.model_file, ctx.work, ctx.board, ctx.opts.edgetpu, timeout_s=ctx.opts.timeout_s,
+                               compiled_model=ctx.opts.edgetpu_model, say=ctx.say)
+        notes, warnings = coral.golden_notes(ctx.golden)
+        st.report.notes += notes
+        return StageOutput(st.report, files=dict(st.files), artifacts=st.artifacts, accelerator=st.accelerator,
+                           toolchain=st.toolchain, warnings=warnings + st.warnings)
+
+
+STAGE = CoralStage()

@@ -1,0 +1,21 @@
+"""The Jetson boards' box probe: the L4T release file and the device-tree module name. A Jetson runs on
+TensorRT, so it needs no LiteRT interpreter."""
+from __future__ import annotations
+
+
+def probe(board, facts: dict) -> list[str]:
+    """Why the box in ``facts`` is not the Jetson ``board``: no L4T release (``facts["l4t"]`` None), a release
+    that does not start with the board file's ``runtime.l4t``, or a ``device_tree_model`` that lacks a word of
+    the board name after ``jetson-``."""
+    why = []
+    rt = board.runtime
+    l4t, model = facts.get("l4t"), facts.get("device_tree_model") or ""
+    want = str(rt.get("l4t", ""))
+    if l4t is None:
+        why.append("no /etc/nv_tegra_release: not a Jetson (L4T) system")
+    elif want and not (l4t == want or l4t.startswith(want + ".")):
+        why.append(f"L4T {l4t}, {board.name} is defined for L4T {want} (JetPack {rt.get('jetpack', '?')})")
+    words = board.name.removeprefix("jetson-").split("-")
+    if l4t is not None and not all(w.lower() in model.lower().split() for w in words):
+        why.append(f"module is {model or 'unknown'!r}, not a Jetson {' '.join(words)}")
+    return why

@@ -1,0 +1,15 @@
+"""The PYNQ boards' box probe: the ``BOARD`` variable the PYNQ image sets names the board."""
+from __future__ import annotations
+
+from edgehft.deploy.probe_rules import litert_missing
+
+
+def probe(board, facts: dict) -> list[str]:
+    """Why the box in ``facts`` is not the PYNQ ``board``: no LiteRT interpreter (CPU segments, golden
+    checks), or ``facts["pynq_board"]`` (the image's ``BOARD``) is not the board file's ``runtime.pynq_board``."""
+    why = litert_missing(facts)
+    want, got = board.runtime.get("pynq_board"), facts.get("pynq_board")
+    if got != want:
+        why.append(f"PYNQ board is {got or 'not set (no BOARD in the environment: not a PYNQ image)'}, "
+                   f"{board.name} needs {want}")
+    return why

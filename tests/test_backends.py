@@ -1,0 +1,243 @@
+"""The backend registry (edgehft/backends.py): every stage finds a board's backend by name, and a new board
+kind is new files and a board TOML outside edgehft. The ``null`` backend written here at test time (a
+package on PYTHONPATH with a ``*.dist-info`` whose entry point is in the group ``edgehft.backends``) compiles,
+reports, runs its golden vectors and benches through the real CLI, with no edit to edgehft's files."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from edgehft import backends
+from edgehft.boards import list_boards, load_board
+from edgehft.checks import golden_mismatch
+from edgehft.deploy.probe import board_mismatches
+from edgehft.errors import BoardUnavailableError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PLUGIN = {
+    "null_board/__init__.py": '''
+        """A board-less dry run: the int8 graph on LiteRT on this host, saying NULL."""
+        from pathlib import Path
+
+        from edgehft.backends import Backend
+        from edgehft.deploy.probe_rules import litert_missing
+
+        BACKEND = Backend(name="null", runtime="null_board.runtime", compiler="null_board.compile:STAGE",
+                          probe="null_board:probe", host_cpu=True,
+                          board_dirs=(str(Path(__file__).resolve().parent / "boards"),),
+                          golden_hint="NULL runs LiteRT on this host, so the golden path should match: ")
+
+
+        def probe(board, facts):
+            return litert_missing(facts) + ([] if facts.get("arch") else ["the box says no CPU architecture"])
+        ''',
+    "null_board/runtime.py": '''
+        from edgehft.runtime import cpu
+
+
+        class Runner(cpu.Runner):
+            def describe(self):
+                d = super().describe()
+                d.update(backend="null", device="NULL (no accelerator: the int8 graph on LiteRT, on the host CPU)")
+                return d
+        ''',
+    "null_board/compile.py": '''
+        from edgehft.compiler.stage_cpu import CpuStage
+
+
+        class NullStage(CpuStage):
+            def build(self, ctx):
+                out = super().build(ctx)
+                out.report.notes.append("NULL board: a dry run, no accelerator")
+                out.accelerator["device"] = "NULL"
+                return out
+
+
+        STAGE = NullStage()
+        ''',
+    "null_board/boards/null.toml": '''
+        name = "null"
+        backend = "null"
+        description = "NULL: no board, the int8 graph on LiteRT on this host (a dry run)"
+        quantization = ["int8"]
+        default_quantization = "int8"
+        io_dtypes = ["int8", "float32"]
+
+        [latency_budget_us]
+        p99 = 1000000.0
+        ''',
+    "null_board-0.1.dist-info/METADATA": '''
+        Metadata-Version: 2.1
+        Name: null-board
+        Version: 0.1
+        ''',
+    "null_board-0.1.dist-info/entry_points.txt": '''
+        [edgehft.backends]
+        null = null_board:BACKEND
+        ''',
+}
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory) -> Path:
+    """The null backend's site directory (put it on PYTHONPATH / sys.path)."""
+    site = tmp_path_factory.mktemp("null_site")
+    for rel, text in PLUGIN.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(textwrap.dedent(text).lstrip())
+    return site
+
+
+@pytest.fixture
+def on_path(plugin, monkeypatch):
+    monkeypatch.syspath_prepend(str(plugin))
+    return plugin
+
+
+def _cli(plugin: Path, *args, timeout=900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), str(ROOT)]), "TF_CPP_MIN_LOG_LEVEL": "3",
+           "CUDA_VISIBLE_DEVICES": "-1", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "edgehft", *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_builtins_are_found_by_name_without_importing_their_stages():
+    assert backends.names()[:4] == ["cpu", "coral", "pynq", "jetson"]
+    coral = backends.get("coral")
+    assert (coral.runtime, coral.compiler, coral.probe) == (
+        "edgehft.runtime.coral", "edgehft.compiler.stage_coral:STAGE", "edgehft.deploy.probe_rules.coral:probe")
+    assert backends.get("cpu").host_cpu and not coral.host_cpu
+    for b in list_boards():             # every shipped board names an installed backend
+        assert backends.get(b.backend).name == b.backend
+    script = ("import sys; from edgehft import backends, boards; backends.get('jetson'); boards.load_board('kv260');"
+              "print(sorted(m for m in sys.modules if m.startswith(('edgehft.runtime', 'edgehft.compiler', "
+              "'tensorflow', 'pynq', 'tensorrt'))))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+def test_unknown_backend_is_exit_7_naming_the_installed_ones(tmp_path, monkeypatch):
+    with pytest.raises(BoardUnavailableError, match="no backend 'nope' is installed") as exc:
+        backends.get("nope")
+    assert exc.value.exit_code == 7 and "cpu, coral, pynq, jetson" in exc.value.hint
+    from edgehft import boards
+    (tmp_path / "ghost.toml").write_text('name = "ghost"\nbackend = "ghost"\nquantization = ["int8"]\n'
+                                         'default_quantization = "int8"\n')
+    monkeypatch.setattr(boards, "BOARD_DIRS", (tmp_path, *boards.BOARD_DIRS))
+    with pytest.raises(BoardUnavailableError, match="no backend 'ghost'"):
+        board_mismatches(load_board("ghost"), {"packages": {"ai-edge-litert": "2.3.0"}})
+
+
+def test_a_broken_entry_point_is_named(tmp_path, monkeypatch):
+    info = tmp_path / "broken-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[edgehft.backends]\nbroken = no_such_module_here:BACKEND\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "broken" in backends.names()
+    with pytest.raises(BoardUnavailableError, match="backend 'broken' .*failed to load: ModuleNotFoundError"):
+        backends.get("broken")
+    assert "cpu" in {b.name for b in list_boards()}     # the catalog still lists the others
+
+
+def test_the_null_plugin_is_found_through_its_entry_point(on_path):
+    assert "null" in backends.names()
+    b = backends.get("null")
+    assert b.runtime == "null_board.runtime" and b.host_cpu
+    board = load_board("null")
+    assert board.backend == "null" and Path(board.path).parent == on_path / "null_board" / "boards"
+    assert "null" in {x.name for x in list_boards()}
+    litert = {"arch": "x86_64", "packages": {"ai-edge-litert": "2.3.0"}, "bundle_format_version": 1}
+    assert board_mismatches(board, litert) == []
+    assert board_mismatches(board, {**litert, "packages": {}, "arch": None}) == [
+        "no LiteRT interpreter on the box (pip install ai-edge-litert, or tflite-runtime)",
+        "the box says no CPU architecture"]
+    assert "reads bundle format 0" in board_mismatches(board, {**litert, "bundle_format_version": 0})[0]
+
+
+def test_the_golden_mismatch_hint_is_the_backends(on_path):
+    result = {"count": 16, "matched": 15, "max_diff": 1.0, "expected_path": "LiteRT 2.3.0 XNNPACK"}
+    err = golden_mismatch(result, "null")
+    assert err.exit_code == 8 and str(err.args[0]) == "1 of 16 golden vectors differ (max diff 1.0)"
+    assert err.hint == "NULL runs LiteRT on this host, so the golden path should match: LiteRT 2.3.0 XNNPACK"
+    assert golden_mismatch(result, "pynq").hint.startswith("the overlay's kernels or the bundle's FPGA weights")
+    for name in ("cpu", "", "not-installed"):
+        assert golden_mismatch(result, name).hint == ("the interpreter path differs from the one that made the "
+                                                      "bundle: LiteRT 2.3.0 XNNPACK")
+
+
+def test_null_board_compiles_reports_runs_and_benches_through_the_cli(plugin, mlp, tmp_path):
+    bundle = tmp_path / "mlp.null"
+    c = _cli(plugin, "compile", mlp / "mlp.keras", "--board", "null", "--calib", mlp / "x.npy", "--out", bundle,
+             "--json")
+    assert c.returncode == 0, c.stderr
+    res = json.loads(c.stdout)
+    assert res["report"]["board"] == "null" and "NULL board: a dry run, no accelerator" in res["report"]["notes"]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert (manifest["board"], manifest["backend"], manifest["accelerator"]) == ("null", "null", {"device": "NULL"})
+    assert manifest["quantization"]["mode"] == "int8" and manifest["golden"]["compare"] == "exact"
+
+    r = _cli(plugin, "report", bundle)
+    assert r.returncode == 0, r.stderr
+    assert "null" in r.stdout and "NULL board: a dry run" in r.stdout
+
+    g = _cli(plugin, "run", bundle, "--golden", "--json")
+    assert g.returncode == 0, g.stderr
+    gold = json.loads(g.stdout)
+    assert (gold["board"], gold["ok"], gold["matched"]) == ("null", True, manifest["golden"]["count"])
+    assert gold["count"] == 16 and gold["max_diff"] == 0.0
+
+    b = _cli(plugin, "bench", bundle, "--ticks", mlp / "x.npy", "--samples", 20, "--warmup", 5, "--json")
+    assert b.returncode == 0, b.stderr
+    bench = json.loads(b.stdout)
+    assert bench["runner"]["board"] == "null" and bench["runner"]["backend"] == "null"
+    assert bench["runner"]["device"].startswith("NULL") and bench["samples"] == 20
+    assert bench["budget_us"] == {"p99": 1000000.0}
+
+    t = _cli(plugin, "bench", bundle, "--ticks", mlp / "x.npy", "--samples", 20, "--warmup", 5)
+    assert t.returncode == 0 and "board budget (null)" in t.stdout
+
+    boards = _cli(plugin, "boards")
+    assert boards.returncode == 0 and "null" in boards.stdout
+
+
+def test_without_the_plugin_the_null_board_is_unknown(plugin, mlp, tmp_path):
+    """The same CLI without the plugin on PYTHONPATH: the null board is unknown (exit 3, naming it)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "edgehft", "compile", mlp / "mlp.keras", "--board", "null", "--calib",
+                        mlp / "x.npy", "--out", tmp_path / "b"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3 and "unknown board 'null'" in r.stderr
+
+
+DISPATCH = ("runtime/__init__.py", "boards.py", "deploy/probe.py", "compiler/pipeline.py", "checks.py")
+KINDS = {"cpu", "coral", "pynq", "jetson", "edgetpu"}
+
+
+def _kind_comparisons(path: Path) -> list[str]:
+    import ast
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Constant) and sub.value in KINDS:
+                    found.append(f"{path.name}:{node.lineno} compares with {sub.value!r}")
+    return found
+
+
+@pytest.mark.parametrize("rel", DISPATCH)
+def test_dispatch_names_no_board_kind(rel):
+    """runtime.open, the board catalog, the deploy probe, compile_model and the golden check decide nothing by
+    comparing with a board kind's name: they ask the backend (edgehft.backends)."""
+    assert _kind_comparisons(ROOT / "edgehft" / rel) == []
+
+
+def test_the_dispatch_check_finds_a_comparison(tmp_path):
+    (tmp_path / "x.py").write_text('if board.backend == "pynq" or kind in ("jetson",):\n    pass\n')
+    assert _kind_comparisons(tmp_path / "x.py") == ["x.py:1 compares with 'pynq'", "x.py:1 compares with 'jetson'"]
