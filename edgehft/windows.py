@@ -238,6 +238,8 @@ def _check_times(what, t, n: int) -> np.ndarray:
     if t.ndim != 1 or len(t) != n or t.dtype.kind not in "fiu":
         raise InputError(f"{what}: t_ns must be one tick time per window, shape ({n},) of integers (ns); got "
                          f"{t.dtype} {t.shape}", hint="t_ns[i] is the receive time of the tick that completed window i")
+    if t.dtype.kind == "u" and len(t) and int(t.max()) > np.iinfo(np.int64).max:
+        raise InputError(f"{what}: t_ns values exceed int64 nanoseconds", hint="tick times are integer ns")
     if t.dtype.kind == "f":
         if not np.isfinite(t).all():
             raise InputError(f"{what}: t_ns holds NaN or infinity at index {int(np.argmin(np.isfinite(t)))}",
@@ -245,7 +247,7 @@ def _check_times(what, t, n: int) -> np.ndarray:
         if np.abs(t).max() >= 2.0 ** 63:
             raise InputError(f"{what}: t_ns values exceed int64 nanoseconds", hint="tick times are integer ns")
     t = t.astype(np.int64)
-    back = np.flatnonzero(np.diff(t) < 0)
+    back = np.flatnonzero(t[1:] < t[:-1])          # compared, not subtracted: a difference can overflow int64
     if len(back):
         i = int(back[0])
         raise InputError(f"{what}: tick times go backwards at window {i + 1} ({int(t[i + 1])} ns after {int(t[i])})",

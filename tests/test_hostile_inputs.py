@@ -94,6 +94,7 @@ def _corpus(tmp):
         ("nox.npz", lambda p: _npz(p, a=x, b=x), 3, "needs an array named 'x'"),
         ("shape.npy", lambda p: _saved(p, np.zeros((3, 10, 4), np.float32)), 3, "the model takes (N, 100, 40, 1)"),
         ("zipbomb.npz", lambda p: _zip_claiming(p), 3, "its header claims"),
+        ("tu64.npz", lambda p: _npz(p, x=x, t_ns=np.full(12, 2**64 - 1, np.uint64)), 3, "exceed int64"),
     ]
 
 
@@ -119,7 +120,7 @@ def test_tick_file_corpus(deeplob_bundle, corpus):
                                                                "--samples", "5", "--warmup", "0"]):
             assert_refused(run_cli(*cmd, timeout=60), code, message)
             tried += 1
-    assert tried == 2 * len(corpus) == 36
+    assert tried == 2 * len(corpus) == 38
 
 
 def test_recorded_replay_caps_absurd_gaps(deeplob_bundle, tmp_path):
@@ -136,6 +137,11 @@ def test_recorded_replay_caps_absurd_gaps(deeplob_bundle, tmp_path):
     (["--threads", "100000"], 3, "this machine has"),
     (["--threads", "0"], 2, "--threads"),
     (["--plot", "/nonexistent-dir/lat.png"], 3, "the directory /nonexistent-dir does not exist"),
+    (["--plot", "/proc/version"], 3, "the plot is a PNG file"),
+    (["--plot", "/proc/lat.png"], 3, "cannot write a file there"),
+    (["--affinity", "1180591620717411303424"], 2, "expected CPU ids"),
+    (["--affinity", ","], 2, "expected CPU ids"),
+    (["--samples", "1000000000000"], 2, "--samples"),
 ])
 def test_bench_options_are_bounded(deeplob_bundle, tmp_path, args, code, message):
     x = np.zeros((3, *WINDOW), np.float32)
@@ -226,3 +232,19 @@ def test_strings_from_a_bundle_are_printed_as_text(deeplob_bundle, tmp_path, tex
     out = run_cli("run", b, "--golden", timeout=60)
     assert out.returncode == 6 and "\x1b" not in out.stdout + out.stderr
     assert sum(line.startswith("error:") for line in out.stderr.splitlines()) == 1
+
+
+def test_the_box_refuses_an_unlisted_fifo(deeplob_bundle, tmp_path):
+    """A staged bundle with a FIFO the manifest does not list: verify on the box refuses it (exit 9)."""
+    import os
+    import shutil
+    from edgehft.deploy.store import Store
+    from edgehft.errors import DeployError
+    store = Store(tmp_path / "install")
+    vid = "20261201T000000Z-0123456789ab-cdef"
+    staged = store.incoming / vid
+    shutil.copytree(deeplob_bundle, staged)
+    os.mkfifo(staged / "features" / "pipe")
+    with pytest.raises(DeployError, match=r"files not in the manifest: features/pipe") as exc:
+        store.verify(vid)
+    assert exc.value.exit_code == 9

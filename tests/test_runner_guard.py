@@ -98,3 +98,13 @@ def test_float64_beyond_float32_is_refused_not_cast_to_inf(mlp_dynamic):
             r.predict(x)
         x[5] = 0.5                                           # float64 within range: taken, same as float32
         assert np.array_equal(r.predict(x).copy(), r.predict(x.astype(np.float32)))
+
+
+@pytest.mark.parametrize("kwargs,message", [({"op_resolver": "x"}, "op_resolver 'x': choose one of auto"),
+                                            ({"affinity": [0.5]}, "CPU ids are integers"),
+                                            ({"affinity": [2**70]}, "cannot pin to CPUs"),
+                                            ({"threads": 10**6}, "this machine has")])
+def test_open_options_are_checked(mlp_dynamic, kwargs, message):
+    from edgehft.errors import InputError
+    with pytest.raises(InputError, match=message):
+        runtime.open(mlp_dynamic, **kwargs)

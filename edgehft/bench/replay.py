@@ -129,16 +129,24 @@ def check_plot_target(path: str) -> None:
         InputError: naming the path and how to fix it.
     """
     import importlib.util
-    import os
     from pathlib import Path
     if importlib.util.find_spec("matplotlib") is None:
         raise InputError("--plot needs matplotlib", hint="pip install 'edgehft[bench]'")
     target = Path(path)
     parent = target.resolve().parent
+    if target.suffix.lower() != ".png":
+        raise InputError(f"--plot {path}: the plot is a PNG file", hint=f"--plot {target.with_suffix('.png')}")
     if not parent.is_dir():
         raise InputError(f"--plot {path}: the directory {parent} does not exist", hint=f"mkdir -p {parent}")
-    if target.is_dir() or not os.access(parent, os.W_OK):
-        raise InputError(f"--plot {path}: cannot write a file there", hint="give a writable PNG file path")
+    existed = target.exists()
+    try:
+        with open(target, "ab"):            # the real test of writability (os.access is not, e.g. in /proc)
+            pass
+    except OSError as exc:
+        raise InputError(f"--plot {path}: cannot write a file there ({exc.strerror or exc})",
+                         hint="give a writable PNG file path") from None
+    if not existed:
+        target.unlink()
 
 
 def histogram_png(result: ReplayResult, path: str, title: str) -> None:

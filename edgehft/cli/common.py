@@ -144,12 +144,15 @@ def parse_affinity(text: str | None) -> list[int] | None:
     Raises:
         click.BadParameter: not a comma-separated list of integers.
     """
-    if not text:
+    if text is None:
         return None
     try:
-        return [int(c) for c in text.split(",") if c.strip()]
+        ids = [int(c) for c in text.split(",") if c.strip()]
     except ValueError:
+        ids = []
+    if not ids or any(not 0 <= c < 1 << 16 for c in ids):
         raise click.BadParameter(f"--affinity {text!r}: expected CPU ids like '1' or '0,1'")
+    return ids
 
 
 def say_emulated(runner, as_json: bool) -> None:

@@ -10,6 +10,8 @@ from rich.table import Table
 
 from edgehft.checks import bundle_windows, check_golden, golden_mismatch
 from edgehft.report import printable
+
+MAX_CALLS = 100_000_000       # timed calls a bench keeps (8 bytes each: 800 MB of latencies)
 from edgehft.cli.common import (err, handles_errors, json_opt, main, out, run_features_opt, runner_opts,
                                 ticks_opt, open_runner)
 
@@ -75,9 +77,9 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
 @run_features_opt
 @click.option("--replay", "mode", type=click.Choice(["max", "recorded", "burst"]), default="max",
               show_default=True, help="Back to back, at the recorded inter-arrival times, or in bursts.")
-@click.option("--warmup", default=200, show_default=True, type=click.IntRange(min=0),
+@click.option("--warmup", default=200, show_default=True, type=click.IntRange(min=0, max=MAX_CALLS),
               help="Calls before timing starts.")
-@click.option("--samples", default=0, type=click.IntRange(min=0),
+@click.option("--samples", default=0, type=click.IntRange(min=0, max=MAX_CALLS),
               help="Timed calls (default: one per window, cycling if needed).")
 @click.option("--speed", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="recorded: replay this many times faster.")

@@ -549,9 +549,10 @@ class Store:
             raise DeployError(f"verification failed on the box: {exc.args[0]}",
                               hint="the transfer or the box's storage corrupted the bundle; deploy again "
                                    "(nothing was switched)") from None
+        # anything but a directory counts: a FIFO, socket or device node the manifest does not list is refused too
         extra = sorted(str(p.relative_to(path)) for p in path.rglob("*")
-                       if p.is_file() and p.name != MANIFEST and str(p.relative_to(path)) not in b.manifest.files
-                       and str(p.relative_to(path)) != SIGNATURE)
+                       if (p.is_symlink() or not p.is_dir()) and p.name != MANIFEST
+                       and str(p.relative_to(path)) not in b.manifest.files and str(p.relative_to(path)) != SIGNATURE)
         if extra:
             raise DeployError(f"verification failed on the box: files not in the manifest: {', '.join(extra)}")
         return {"version": vid, "files": len(b.manifest.files) + 1,

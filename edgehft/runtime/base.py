@@ -161,9 +161,12 @@ class Runner:
         self.threads = int(threads)
         self.affinity = None
         if affinity:
+            if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) for c in affinity):
+                raise InputError(f"affinity {list(affinity)!r}: CPU ids are integers",
+                                 hint=f"allowed CPUs here: {sorted(os.sched_getaffinity(0))}")
             try:
                 os.sched_setaffinity(0, set(int(c) for c in affinity))
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, OverflowError) as exc:
                 raise InputError(f"cannot pin to CPUs {list(affinity)}: {exc}",
                                  hint=f"allowed CPUs here: {sorted(os.sched_getaffinity(0))}") from exc
             self.affinity = sorted(os.sched_getaffinity(0))

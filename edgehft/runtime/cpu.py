@@ -14,9 +14,10 @@ import functools
 import numpy as np
 
 from edgehft.bundle import check_io_details
+from edgehft.errors import InputError
 from edgehft.runtime.base import InputSlot, OutputSlot, Runner as _Runner
-from edgehft.runtime.litert import (XNNPACK_REFUSED, interpreter_path, make_interpreter, variable_tensors,
-                                    xnnpack_refused)
+from edgehft.runtime.litert import (OP_RESOLVERS, XNNPACK_REFUSED, interpreter_path, make_interpreter,
+                                    variable_tensors, xnnpack_refused)
 
 class Runner(_Runner):
     """LiteRT on the host. ``op_resolver`` as in :func:`make_interpreter`; ``native_portable``: a native
@@ -25,6 +26,8 @@ class Runner(_Runner):
     def __init__(self, bundle, board, *, threads: int = 1, affinity=None, op_resolver: str = "auto",
                  native_portable: bool = False):
         super().__init__(bundle, board, threads=threads, affinity=affinity)
+        if op_resolver not in OP_RESOLVERS:
+            raise InputError(f"op_resolver {op_resolver!r}: choose one of {', '.join(OP_RESOLVERS)}")
         self.op_resolver = op_resolver
         self.native_portable = native_portable
         self.path = interpreter_path(op_resolver)
