@@ -7,7 +7,9 @@ so a lookup imports nothing heavy (no vendor library, no TensorFlow, no runtime)
 - ``compiler``: ``"module:attribute"`` naming its compiler stage, the board-specific part of
   ``compile_model`` (see :class:`edgehft.compiler.stage.CompilerStage`);
 - ``probe``: ``"module:function"``, ``probe(board, facts) -> list[str]``: why the box described by
-  :func:`edgehft.deploy.probe.probe_box`'s ``facts`` is not ``board`` (empty when it is);
+  :func:`edgehft.deploy.probe.probe_box`'s ``facts`` is not ``board`` (empty when it is), run on the host;
+- ``facts`` (optional): ``"module:function"``, ``facts(root: Path) -> dict``: what identifies its boards,
+  read on the box under ``root`` and merged into ``probe_box``'s facts;
 - ``board_dirs``: extra directories of ``<name>.toml`` board files (a plugin ships its own boards).
 
 The built-ins are ``cpu``, ``coral``, ``pynq`` and ``jetson``. Third-party backends come from the entry-point
@@ -39,6 +41,7 @@ class Backend:
         runtime: module holding ``Runner``.
         compiler: ``"module:attribute"`` of its compiler stage object.
         probe: ``"module:function"`` of its box probe, ``(board, facts: dict) -> list[str]``.
+        facts: ``"module:function"``, ``(root: Path) -> dict`` of the facts its probe reads, or "" for none.
         host_cpu: the board runs on this host's CPU (``--emulate``/``--device`` do not apply to it).
         board_dirs: extra directories holding its ``<board>.toml`` files (absolute paths).
         golden_hint: the start of the hint when its runner does not reproduce the golden vectors (the
@@ -52,9 +55,10 @@ class Backend:
     host_cpu: bool = False
     board_dirs: tuple = field(default_factory=tuple)
     golden_hint: str = "the interpreter path differs from the one that made the bundle: "
+    facts: str = ""
 
     def load(self, stage: str):
-        """The object behind ``stage`` (``"runtime"``, ``"compiler"`` or ``"probe"``), imported now.
+        """The object behind ``stage`` (``"runtime"``, ``"compiler"``, ``"probe"`` or ``"facts"``), imported now.
 
         Raises:
             BoardUnavailableError: the module or attribute is missing (the message names the backend).
@@ -70,12 +74,12 @@ BUILTIN = {
     "cpu": Backend("cpu", _ref("runtime.cpu"), _ref("compiler.stage_cpu:STAGE"), _ref("deploy.probe_rules.cpu:probe"),
                    host_cpu=True),
     "coral": Backend("coral", _ref("runtime.coral"), _ref("compiler.stage_coral:STAGE"),
-                     _ref("deploy.probe_rules.coral:probe")),
+                     _ref("deploy.probe_rules.coral:probe"), facts=_ref("deploy.probe_rules.coral:facts")),
     "pynq": Backend("pynq", _ref("runtime.pynq"), _ref("compiler.stage_pynq:STAGE"),
-                    _ref("deploy.probe_rules.pynq:probe"),
+                    _ref("deploy.probe_rules.pynq:probe"), facts=_ref("deploy.probe_rules.pynq:facts"),
                     golden_hint="the overlay's kernels or the bundle's FPGA weights do not reproduce the golden path "),
     "jetson": Backend("jetson", _ref("runtime.jetson"), _ref("compiler.stage_jetson:STAGE"),
-                      _ref("deploy.probe_rules.jetson:probe")),
+                      _ref("deploy.probe_rules.jetson:probe"), facts=_ref("deploy.probe_rules.jetson:facts")),
 }
 
 

@@ -16,7 +16,7 @@ import pytest
 from edgehft import backends
 from edgehft.boards import list_boards, load_board
 from edgehft.checks import golden_mismatch
-from edgehft.deploy.probe import board_mismatches
+from edgehft.deploy.probe import board_mismatches, probe_box
 from edgehft.errors import BoardUnavailableError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,13 +30,18 @@ PLUGIN = {
         from edgehft.deploy.probe_rules import litert_missing
 
         BACKEND = Backend(name="null", runtime="null_board.runtime", compiler="null_board.compile:STAGE",
-                          probe="null_board:probe", host_cpu=True,
+                          probe="null_board:probe", facts="null_board:facts", host_cpu=True,
                           board_dirs=(str(Path(__file__).resolve().parent / "boards"),),
                           golden_hint="NULL runs LiteRT on this host, so the golden path should match: ")
 
 
+        def facts(root):
+            marker = Path(root) / "etc" / "null-board"
+            return {"null_board": marker.read_text().strip() if marker.is_file() else None}
+
+
         def probe(board, facts):
-            return litert_missing(facts) + ([] if facts.get("arch") else ["the box says no CPU architecture"])
+            return litert_missing(facts) + ([] if facts.get("null_board") else ["no /etc/null-board: not a NULL box"])
         ''',
     "null_board/runtime.py": '''
         from edgehft.runtime import cpu
@@ -154,12 +159,28 @@ def test_the_null_plugin_is_found_through_its_entry_point(on_path):
     board = load_board("null")
     assert board.backend == "null" and Path(board.path).parent == on_path / "null_board" / "boards"
     assert "null" in {x.name for x in list_boards()}
-    litert = {"arch": "x86_64", "packages": {"ai-edge-litert": "2.3.0"}, "bundle_format_version": 1}
+    litert = {"packages": {"ai-edge-litert": "2.3.0"}, "bundle_format_version": 1, "null_board": "yes"}
     assert board_mismatches(board, litert) == []
-    assert board_mismatches(board, {**litert, "packages": {}, "arch": None}) == [
+    assert board_mismatches(board, {**litert, "packages": {}, "null_board": None}) == [
         "no LiteRT interpreter on the box (pip install ai-edge-litert, or tflite-runtime)",
-        "the box says no CPU architecture"]
+        "no /etc/null-board: not a NULL box"]
     assert "reads bundle format 0" in board_mismatches(board, {**litert, "bundle_format_version": 0})[0]
+
+
+def test_the_box_probe_reads_each_backends_facts(on_path, tmp_path):
+    """probe_box gathers the plugin's facts with the built-ins'; a plugin whose facts raise is named, not fatal."""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "null-board").write_text("rev 2\n")
+    (tmp_path / "etc" / "environment").write_text("BOARD=Pynq-Z2\n")
+    f = probe_box(tmp_path)
+    assert (f["null_board"], f["pynq_board"], f["l4t"], f["edgetpu"]) == ("rev 2", "Pynq-Z2", None, {"usb": 0, "pci": 0})
+    assert "facts_errors" not in f
+    assert probe_box(tmp_path / "nothing")["null_board"] is None
+    import null_board
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(null_board, "facts", lambda root: 1 / 0)
+        f = probe_box(tmp_path)
+    assert f["facts_errors"] == {"null": "ZeroDivisionError: division by zero"} and f["pynq_board"] == "Pynq-Z2"
 
 
 def test_the_golden_mismatch_hint_is_the_backends(on_path):

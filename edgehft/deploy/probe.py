@@ -2,7 +2,8 @@
 (:func:`board_mismatches`, run on the host).
 
 The facts come from the files the vendors' images write, read under ``root`` (``/`` on a box; a directory
-tree in tests):
+tree in tests). Every backend reads the facts that identify its boards (:mod:`edgehft.backends`, ``facts``;
+the built-ins' are in :mod:`edgehft.deploy.probe_rules`):
 
 - PYNQ: the ``BOARD`` variable the PYNQ image sets (process environment, else ``/etc/environment``);
 - Jetson: ``/etc/nv_tegra_release`` (``# R36 (release), REVISION: 4.0, …`` → L4T ``36.4.0``) and the module
@@ -17,46 +18,16 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-import re
 import sys
 from importlib import metadata
 from pathlib import Path
 
-EDGETPU_USB_IDS = {("1a6e", "089a"), ("18d1", "9302")}
+from edgehft.deploy.probe_rules import read_text
+from edgehft.deploy.probe_rules.jetson import parse_l4t   # public here since before the rules moved
+
+__all__ = ["PACKAGES", "board_mismatches", "parse_l4t", "probe_box"]
+
 PACKAGES = ("edgehft", "ai-edge-litert", "tflite-runtime", "numpy", "pynq", "tensorrt", "pycoral")
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace").strip("\x00\n ")
-    except OSError:
-        return None
-
-
-def _pynq_board(root: Path) -> str | None:
-    if root == Path("/") and os.environ.get("BOARD"):
-        return os.environ["BOARD"]
-    text = _read(root / "etc/environment") or ""
-    m = re.search(r"^\s*BOARD=\"?([^\"\n]+)\"?", text, re.M)
-    return m.group(1).strip() if m else None
-
-
-def parse_l4t(text: str | None) -> str | None:
-    """``/etc/nv_tegra_release`` first line → ``"36.4.0"`` (None when it is not an L4T release file)."""
-    m = re.search(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", text or "")
-    return f"{m.group(1)}.{m.group(2)}" if m else None
-
-
-def _edgetpus(root: Path) -> dict:
-    usb = 0
-    devices = root / "sys/bus/usb/devices"
-    if devices.is_dir():
-        for d in devices.iterdir():
-            ids = (_read(d / "idVendor"), _read(d / "idProduct"))
-            usb += ids in EDGETPU_USB_IDS
-    dev = root / "dev"
-    pci = len(list(dev.glob("apex_*"))) if dev.is_dir() else 0
-    return {"usb": usb, "pci": pci}
 
 
 def _versions() -> dict:
@@ -70,7 +41,7 @@ def _versions() -> dict:
 
 
 def _cpu_flags(root: Path) -> list[str] | None:
-    text = _read(root / "proc/cpuinfo")
+    text = read_text(root / "proc/cpuinfo")
     if text is None:
         return None
     for line in text.splitlines():
@@ -83,26 +54,37 @@ def probe_box(root: str | Path = "/") -> dict:
     """Facts about the machine this runs on (JSON-able).
 
     Returns:
-        ``{"arch", "hostname", "python", "packages": {name: version}, "pynq_board", "l4t",
-        "device_tree_model", "edgetpu": {"usb": n, "pci": n}, "cxx" (the C++ compiler that builds native
-        kernels on first open), "cpu_flags" (the native kernels' ISA flags the CPU reports: avx512f,
-        amx_tile, amx_bf16), "bundle_format_version"}``; fields the box does not have are None.
+        ``{"arch", "hostname", "python", "packages": {name: version}, the backends' own facts (built-ins:
+        "edgetpu": {"usb": n, "pci": n}, "pynq_board", "l4t", "device_tree_model"), "cxx" (the C++ compiler that
+        builds native kernels on first open), "cpu_flags" (the native kernels' ISA flags the CPU reports:
+        avx512f, amx_tile, amx_bf16), "bundle_format_version"}``; fields the box does not have are None.
     """
     from edgehft.bundle import FORMAT_VERSION
     root = Path(root)
-    return {
-        "arch": platform.machine(),
-        "hostname": platform.node(),
-        "python": sys.version.split()[0],
-        "packages": _versions(),
-        "pynq_board": _pynq_board(root),
-        "l4t": parse_l4t(_read(root / "etc/nv_tegra_release")),
-        "device_tree_model": _read(root / "proc/device-tree/model"),
-        "edgetpu": _edgetpus(root),
-        "cxx": shutil.which(os.environ.get("CXX", "g++")) if root == Path("/") else None,
-        "cpu_flags": _cpu_flags(root),
-        "bundle_format_version": FORMAT_VERSION,
-    }
+    facts = {"arch": platform.machine(), "hostname": platform.node(), "python": sys.version.split()[0],
+             "packages": _versions()}
+    facts.update(_backend_facts(root))
+    facts.update({"cxx": shutil.which(os.environ.get("CXX", "g++")) if root == Path("/") else None,
+                  "cpu_flags": _cpu_flags(root), "bundle_format_version": FORMAT_VERSION})
+    return facts
+
+
+def _backend_facts(root: Path) -> dict:
+    """Every installed backend's own facts (:mod:`edgehft.backends`, ``facts``). A plugin whose facts cannot
+    be read adds ``facts_errors: {backend: reason}`` instead of failing the probe."""
+    from edgehft import backends
+    found, errors = {}, {}
+    for name in backends.names():
+        backend = backends.find(name)
+        if backend is None or not backend.facts:
+            continue
+        try:
+            found.update(backend.load("facts")(root))
+        except Exception as exc:            # a plugin's bug must not hide the box from deploy
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    if errors:
+        found["facts_errors"] = errors
+    return found
 
 
 def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_cxx: bool = False,

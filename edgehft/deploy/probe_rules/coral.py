@@ -1,7 +1,24 @@
 """The Coral boards' box probe: an Edge TPU on the board's bus (USB ids or the gasket driver's PCIe nodes)."""
 from __future__ import annotations
 
-from edgehft.deploy.probe_rules import litert_missing
+from pathlib import Path
+
+from edgehft.deploy.probe_rules import litert_missing, read_text
+
+EDGETPU_USB_IDS = {("1a6e", "089a"), ("18d1", "9302")}   # before the runtime loads its firmware, after
+
+
+def facts(root: Path) -> dict:
+    """``{"edgetpu": {"usb": n, "pci": n}}``: Edge TPUs under ``root`` on USB (``sys/bus/usb/devices/*``
+    idVendor:idProduct) and on PCIe (``dev/apex_N``, the gasket driver's nodes)."""
+    usb = 0
+    devices = root / "sys/bus/usb/devices"
+    if devices.is_dir():
+        for d in devices.iterdir():
+            usb += (read_text(d / "idVendor"), read_text(d / "idProduct")) in EDGETPU_USB_IDS
+    dev = root / "dev"
+    pci = len(list(dev.glob("apex_*"))) if dev.is_dir() else 0
+    return {"edgetpu": {"usb": usb, "pci": pci}}
 
 
 def probe(board, facts: dict) -> list[str]:

@@ -2,6 +2,24 @@
 TensorRT, so it needs no LiteRT interpreter."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+from edgehft.deploy.probe_rules import read_text
+
+
+def parse_l4t(text: str | None) -> str | None:
+    """``/etc/nv_tegra_release`` first line → ``"36.4.0"`` (None when it is not an L4T release file)."""
+    m = re.search(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", text or "")
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def facts(root: Path) -> dict:
+    """``{"l4t", "device_tree_model"}``: the L4T release from ``root/etc/nv_tegra_release`` (``36.4.0``) and
+    the module name in ``root/proc/device-tree/model``; None where absent."""
+    return {"l4t": parse_l4t(read_text(root / "etc/nv_tegra_release")),
+            "device_tree_model": read_text(root / "proc/device-tree/model")}
+
 
 def probe(board, facts: dict) -> list[str]:
     """Why the box in ``facts`` is not the Jetson ``board``: no L4T release (``facts["l4t"]`` None), a release

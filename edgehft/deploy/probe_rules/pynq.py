@@ -1,7 +1,21 @@
 """The PYNQ boards' box probe: the ``BOARD`` variable the PYNQ image sets names the board."""
 from __future__ import annotations
 
-from edgehft.deploy.probe_rules import litert_missing
+import os
+import re
+from pathlib import Path
+
+from edgehft.deploy.probe_rules import litert_missing, read_text
+
+
+def facts(root: Path) -> dict:
+    """``{"pynq_board"}``: the ``BOARD`` the PYNQ image sets (this process's environment when ``root`` is
+    ``/``, else ``root/etc/environment``), or None."""
+    if root == Path("/") and os.environ.get("BOARD"):
+        return {"pynq_board": os.environ["BOARD"]}
+    text = read_text(root / "etc/environment") or ""
+    m = re.search(r"^\s*BOARD=\"?([^\"\n]+)\"?", text, re.M)
+    return {"pynq_board": m.group(1).strip() if m else None}
 
 
 def probe(board, facts: dict) -> list[str]:
