@@ -174,40 +174,73 @@ def insert_qdq(onnx_path: str | Path, tflite_path: str | Path, out_path: str | P
         InputError: a bad mode, or a TFLite model that is not full-int8.
     """
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
 
     if zero_points not in ("symmetric", "tflite") or placement not in ("tflite", "tensorrt"):
         raise InputError(f"zero_points must be 'symmetric' or 'tflite' (got {zero_points!r}) and placement "
                          f"'tflite' or 'tensorrt' (got {placement!r})")
+    ir = _int8_ir(tflite_path)
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(onnx_path)))
+    g = model.graph
+    facts = _GraphFacts(g)
+    m = _Matcher(g, ir, facts.elems)
+    m.run(facts.activations)
+    matched, plan = _plan_pairs(facts, m, ir, zero_points, placement)
+    new_inits: list = []
+    nodes = _with_pairs(g, plan, facts.graph_out, new_inits)
+    w_stats, per_channel = _quantize_weights(nodes, facts.inits, m, ir, new_inits)
+    _replace_graph(g, nodes, new_inits)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(out_path))
+    unmatched = [a for a in facts.activations if a not in matched]
+    return {"qdq_pairs": len(plan), "weights_per_channel": per_channel, "weight_scales": w_stats,
+            "activations": len(facts.activations), "matched": len(matched), "unmatched": len(unmatched),
+            "matched_tensors": matched, "unmatched_tensors": unmatched, "zero_points": zero_points,
+            "placement": placement,
+            "op_pairs": {k: f"{v.index}:{v.name}" for k, v in m.op_pairs.items()}}
+
+
+def _int8_ir(tflite_path: str | Path) -> TFLiteModel:
+    """The TFLite IR of ``tflite_path``; :class:`InputError` when it has no int8 tensors."""
     ir = TFLiteModel.from_file(tflite_path)
     if not any(t.dtype == "int8" and t.quant is not None for t in ir.main.tensors):
         raise InputError(f"{Path(tflite_path).name} has no int8 tensors: Q/DQ needs the full-int8 TFLite model",
                          hint="convert with quant 'int8' from the same calibration windows")
-    model = onnx.shape_inference.infer_shapes(onnx.load(str(onnx_path)))
-    g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    elems = {}
-    for vi in list(g.value_info) + list(g.input) + list(g.output):
-        dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            elems[vi.name] = int(np.prod([d.dim_value for d in dims]))
-    float_t = {vi.name for vi in list(g.value_info) + list(g.input) + list(g.output)
-               if vi.type.tensor_type.elem_type == TensorProto.FLOAT}
-    producer = {o: n for n in g.node for o in n.output}
-    consumers = defaultdict(list)
-    for n in g.node:
-        for i, name in enumerate(n.input):
-            consumers[name].append((n, i))
-    activations = [o for n in g.node for o in n.output if o and o in float_t] + \
-                  [i.name for i in g.input if i.name not in inits]
-    m = _Matcher(g, ir, elems)
-    m.run(activations)
+    return ir
 
-    weighted_inputs = {n.input[0] for n in g.node if n.op_type in WEIGHTED}
-    graph_out = {o.name for o in g.output}
-    new_inits, plan = [], {}                              # tensor -> (scale, zp) of the pair to insert
-    matched = {}
-    for name in activations:
+
+class _GraphFacts:
+    """What the placement reads of a shape-inferred ONNX graph: initializers, element counts of tensors
+    with static shapes, producers, consumers, graph outputs, float activations and weighted ops' inputs."""
+
+    def __init__(self, g):
+        from onnx import TensorProto
+        self.inits = {t.name: t for t in g.initializer}
+        infos = list(g.value_info) + list(g.input) + list(g.output)
+        self.elems = {}
+        for vi in infos:
+            dims = vi.type.tensor_type.shape.dim
+            if dims and all(d.HasField("dim_value") for d in dims):
+                self.elems[vi.name] = int(np.prod([d.dim_value for d in dims]))
+        float_t = {vi.name for vi in infos if vi.type.tensor_type.elem_type == TensorProto.FLOAT}
+        self.producer = {o: n for n in g.node for o in n.output}
+        self.consumers = defaultdict(list)
+        for n in g.node:
+            for i, name in enumerate(n.input):
+                self.consumers[name].append((n, i))
+        self.activations = [o for n in g.node for o in n.output if o and o in float_t] + \
+                           [i.name for i in g.input if i.name not in self.inits]
+        self.weighted_inputs = {n.input[0] for n in g.node if n.op_type in WEIGHTED}
+        self.graph_out = {o.name for o in g.output}
+
+
+def _plan_pairs(facts: _GraphFacts, m: _Matcher, ir: TFLiteModel, zero_points: str,
+                placement: str) -> tuple[dict, dict]:
+    """``(matched, plan)``: per matched activation its TFLite and ONNX scale/zero point and whether it gets
+    a pair; ``plan`` maps each tensor that gets one to its ``(scale, zero_point)``."""
+    plan, matched = {}, {}                                # tensor -> (scale, zp) of the pair to insert
+    consumers, producer = facts.consumers, facts.producer
+    weighted_inputs, graph_out = facts.weighted_inputs, facts.graph_out
+    for name in facts.activations:
         if name not in m.match:
             continue
         ti, how = m.match[name]
@@ -227,7 +260,13 @@ def insert_qdq(onnx_path: str | Path, tflite_path: str | Path, out_path: str | P
                          "scale": qs, "zero_point": qz, "qdq": insert}
         if insert:
             plan[name] = (qs, qz)
+    return matched, plan
 
+
+def _with_pairs(g, plan: dict, graph_out: set, new_inits: list) -> list:
+    """The graph's nodes with a Q/DQ pair after each planned tensor (graph inputs: at the front) and
+    their consumers reading the dequantized tensor; the pairs' initializers are appended to ``new_inits``."""
+    from onnx import helper, numpy_helper
     nodes = []
     rename = {}
     for n in g.node:
@@ -244,7 +283,15 @@ def insert_qdq(onnx_path: str | Path, tflite_path: str | Path, out_path: str | P
         for i, name in enumerate(n.input):
             if name in rename:
                 n.input[i] = rename[name]
+    return nodes
 
+
+def _quantize_weights(nodes: list, inits: dict, m: _Matcher, ir: TFLiteModel,
+                      new_inits: list) -> tuple[dict, int]:
+    """Give each Conv/Gemm/MatMul in ``nodes`` (edited in place) an int8 weight and a per-channel
+    ``DequantizeLinear`` (the matched TFLite filter's scales, else max|w|/127); the new initializers are
+    appended to ``new_inits``. Returns ``({"tflite": n, "computed": n}, weights quantized)``."""
+    from onnx import helper, numpy_helper
     w_stats = {"tflite": 0, "computed": 0}
     per_channel = 0
     for n in list(nodes):
@@ -275,6 +322,12 @@ def insert_qdq(onnx_path: str | Path, tflite_path: str | Path, out_path: str | P
         nodes.insert(nodes.index(n), dq)
         n.input[1] = base + "_dq"
         per_channel += 1
+    return w_stats, per_channel
+
+
+def _replace_graph(g, nodes: list, new_inits: list) -> None:
+    """Set ``g``'s nodes to ``nodes`` and its initializers to the used ones plus ``new_inits``; drop the
+    now stale value_info."""
     used = {i for n in nodes for i in n.input}
     keep = [t for t in g.initializer if t.name in used] + new_inits
     del g.initializer[:]
@@ -282,14 +335,6 @@ def insert_qdq(onnx_path: str | Path, tflite_path: str | Path, out_path: str | P
     del g.node[:]
     g.node.extend(nodes)
     del g.value_info[:]
-    onnx.checker.check_model(model)
-    onnx.save(model, str(out_path))
-    unmatched = [a for a in activations if a not in matched]
-    return {"qdq_pairs": len(plan), "weights_per_channel": per_channel, "weight_scales": w_stats,
-            "activations": len(activations), "matched": len(matched), "unmatched": len(unmatched),
-            "matched_tensors": matched, "unmatched_tensors": unmatched, "zero_points": zero_points,
-            "placement": placement,
-            "op_pairs": {k: f"{v.index}:{v.name}" for k, v in m.op_pairs.items()}}
 
 
 def _pair(name, scale, zp, is_output, prod, rename, inits, helper, numpy_helper) -> list:
