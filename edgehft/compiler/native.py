@@ -167,6 +167,43 @@ def native_files(model_file: str | Path, weights_from: str | Path | None = None,
     runs only the recurrence). Raises :class:`LoweringError` when no op goes to a native kernel."""
     from edgehft.compiler.split import split
     data = Path(model_file).read_bytes()
+    ops, cops, skipped = _native_ops(data, model_file, weights_from, convs)
+    s = schema()
+    g = s.ModelT.InitFromPackedBuf(data, 0).subgraphs[0]
+    at: dict = {o.op: o for o in ops}
+    at.update({c.op: c for c in cops})
+    if convs:           # pools, concats, reshapes, ... fed by native steps: no LiteRT segment for them
+        from edgehft.compiler.native_moves import MoveOp, move_ops
+        outs = {k: o.output for k, o in at.items()}
+        at.update({o.op: o for o in move_ops(data, outs, {i for c in cops for i in c.ops[1:]})})
+    plan = _step_order(len(g.operators), at)
+    segs = iter(split(data, [p for p in plan if isinstance(p, list)]))
+    files: dict[str, bytes] = {}
+    steps = []
+    for i, p in enumerate(plan):
+        if isinstance(p, list):
+            seg = next(segs)
+            rel = f"native/seg{i}.tflite"
+            files[rel] = seg.data
+            steps.append({"kind": "litert", "ops": p, "model": rel, "inputs": seg.inputs, "outputs": seg.outputs})
+        elif convs and isinstance(at[p], MoveOp):
+            steps.append(_move_step(at[p], p, files))
+        elif isinstance(at[p], ConvOp):
+            steps.append(_conv_step(at[p], p, files))
+        else:
+            steps += _lstm_steps(at[p], p, convs, files)
+    graph = {"inputs": [tensor_name(g.tensors[int(t)]) for t in g.inputs],
+             "outputs": [tensor_name(g.tensors[int(t)]) for t in g.outputs], "steps": steps,
+             "conv_left_on_litert": {str(k): v for k, v in skipped.items()}}
+    files[NATIVE_JSON] = (json.dumps(graph, indent=1) + "\n").encode()
+    return files
+
+
+def _native_ops(data: bytes, model_file: str | Path, weights_from: str | Path | None,
+                convs: bool) -> tuple[list, list, dict]:
+    """``(lstm ops, conv ops, convs left on LiteRT)`` of the graph ``data``, the LSTM weights taken from
+    ``weights_from`` when given; :class:`LoweringError` when there is nothing for the native kernels or
+    ``weights_from``'s LSTMs do not match."""
     ops = lstm_ops(data)
     cops, skipped = conv_ops(data) if convs else ([], {})
     if not ops and not cops:
@@ -180,16 +217,14 @@ def native_files(model_file: str | Path, weights_from: str | Path | None = None,
             raise LoweringError(f"{Path(weights_from).name}'s LSTM ops do not match {Path(model_file).name}'s")
         for a, b in zip(ops, other):
             a.kernel, a.recurrent, a.bias = b.kernel, b.recurrent, b.bias
-    s = schema()
-    g = s.ModelT.InitFromPackedBuf(data, 0).subgraphs[0]
-    at: dict = {o.op: o for o in ops}
-    at.update({c.op: c for c in cops})
-    if convs:           # pools, concats, reshapes, ... fed by native steps: no LiteRT segment for them
-        from edgehft.compiler.native_moves import MoveOp, move_ops
-        outs = {k: o.output for k, o in at.items()}
-        at.update({o.op: o for o in move_ops(data, outs, {i for c in cops for i in c.ops[1:]})})
+    return ops, cops, skipped
+
+
+def _step_order(n_ops: int, at: dict) -> list:
+    """The plan in graph order: an op index for each native step (a conv step spans its fused ops), a list
+    of op indices for each run of ops left on LiteRT."""
     plan, cur, k = [], [], 0
-    while k < len(g.operators):
+    while k < n_ops:
         if k in at:
             if cur:
                 plan.append(cur)
@@ -201,56 +236,52 @@ def native_files(model_file: str | Path, weights_from: str | Path | None = None,
             k += 1
     if cur:
         plan.append(cur)
-    segs = iter(split(data, [p for p in plan if isinstance(p, list)]))
-    files: dict[str, bytes] = {}
-    steps = []
-    for i, p in enumerate(plan):
-        if isinstance(p, list):
-            seg = next(segs)
-            rel = f"native/seg{i}.tflite"
-            files[rel] = seg.data
-            steps.append({"kind": "litert", "ops": p, "model": rel, "inputs": seg.inputs, "outputs": seg.outputs})
-            continue
-        o = at[p]
-        if convs and isinstance(o, MoveOp):
-            step = {"kind": o.kind, "op": p, "ops": [p], "inputs": o.inputs, "outputs": [o.output], **o.params}
-            if o.arrays:
-                rel = f"native/op{p}.npz"
-                buf = io.BytesIO()
-                np.savez(buf, **o.arrays)
-                files[rel] = buf.getvalue()
-                step["weights"] = rel
-            steps.append(step)
-            continue
+    return plan
+
+
+def _npz(**arrays) -> bytes:
+    """``arrays`` as the bytes of an uncompressed .npz."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _move_step(o, p: int, files: dict) -> dict:
+    """The step of data-movement op ``o`` at op ``p``; its arrays (if any) go to ``files``."""
+    step = {"kind": o.kind, "op": p, "ops": [p], "inputs": o.inputs, "outputs": [o.output], **o.params}
+    if o.arrays:
         rel = f"native/op{p}.npz"
-        buf = io.BytesIO()
-        if isinstance(o, ConvOp):
-            np.savez(buf, weights=o.weights, **({} if o.bias is None else {"bias": o.bias}))
-            steps.append({"kind": "conv2d", "op": p, "ops": o.ops, "weights": rel, "inputs": [o.input],
-                          "outputs": [o.output], "in_hw": list(o.in_hw), "channels": int(o.weights.shape[3]),
-                          "stride": list(o.stride), "padding": o.padding, "activation": o.activation,
-                          "alpha": o.alpha})
-        else:
-            np.savez(buf, kernel=o.kernel, recurrent_kernel=o.recurrent, bias=o.bias,
-                     cell_clip=np.float32(o.cell_clip))
-            src = o.input
-            if convs:                   # the input projection on the conv kernel: (T, 1, in) -> (T, 1, 4H)
-                src = f"{o.input}@projection(op{p})"
-                prel = f"native/op{p}_projection.npz"
-                pbuf = io.BytesIO()
-                np.savez(pbuf, weights=np.ascontiguousarray(o.kernel.T[:, None, None, :]), bias=o.bias)
-                files[prel] = pbuf.getvalue()
-                steps.append({"kind": "conv2d", "op": p, "ops": [p], "weights": prel, "inputs": [o.input],
-                              "outputs": [src], "in_hw": [o.timesteps, 1], "channels": int(o.kernel.shape[0]),
-                              "stride": [1, 1], "padding": "VALID", "activation": "none", "alpha": 0.0,
-                              "what": "LSTM input projection"})
-            steps.append({"kind": "lstm", "op": p, "weights": rel, "inputs": [src], "outputs": [o.output],
-                          "timesteps": o.timesteps, "input_size": int(o.kernel.shape[0]),
-                          "hidden": int(o.recurrent.shape[0]), "cell_clip": o.cell_clip,
-                          "projected": bool(convs)})
-        files[rel] = buf.getvalue()
-    graph = {"inputs": [tensor_name(g.tensors[int(t)]) for t in g.inputs],
-             "outputs": [tensor_name(g.tensors[int(t)]) for t in g.outputs], "steps": steps,
-             "conv_left_on_litert": {str(k): v for k, v in skipped.items()}}
-    files[NATIVE_JSON] = (json.dumps(graph, indent=1) + "\n").encode()
-    return files
+        files[rel] = _npz(**o.arrays)
+        step["weights"] = rel
+    return step
+
+
+def _conv_step(o: ConvOp, p: int, files: dict) -> dict:
+    """The native conv step of ``o`` at op ``p``; its weights (and bias) go to ``files``."""
+    rel = f"native/op{p}.npz"
+    files[rel] = _npz(weights=o.weights, **({} if o.bias is None else {"bias": o.bias}))
+    return {"kind": "conv2d", "op": p, "ops": o.ops, "weights": rel, "inputs": [o.input],
+            "outputs": [o.output], "in_hw": list(o.in_hw), "channels": int(o.weights.shape[3]),
+            "stride": list(o.stride), "padding": o.padding, "activation": o.activation,
+            "alpha": o.alpha}
+
+
+def _lstm_steps(o: LstmOp, p: int, convs: bool, files: dict) -> list[dict]:
+    """The native LSTM step of ``o`` at op ``p``, after its input projection as a conv step when
+    ``convs``; the weights go to ``files``."""
+    steps = []
+    src = o.input
+    if convs:                   # the input projection on the conv kernel: (T, 1, in) -> (T, 1, 4H)
+        src = f"{o.input}@projection(op{p})"
+        prel = f"native/op{p}_projection.npz"
+        files[prel] = _npz(weights=np.ascontiguousarray(o.kernel.T[:, None, None, :]), bias=o.bias)
+        steps.append({"kind": "conv2d", "op": p, "ops": [p], "weights": prel, "inputs": [o.input],
+                      "outputs": [src], "in_hw": [o.timesteps, 1], "channels": int(o.kernel.shape[0]),
+                      "stride": [1, 1], "padding": "VALID", "activation": "none", "alpha": 0.0,
+                      "what": "LSTM input projection"})
+    steps.append({"kind": "lstm", "op": p, "weights": f"native/op{p}.npz", "inputs": [src],
+                  "outputs": [o.output], "timesteps": o.timesteps, "input_size": int(o.kernel.shape[0]),
+                  "hidden": int(o.recurrent.shape[0]), "cell_clip": o.cell_clip, "projected": bool(convs)})
+    files[f"native/op{p}.npz"] = _npz(kernel=o.kernel, recurrent_kernel=o.recurrent, bias=o.bias,
+                                      cell_clip=np.float32(o.cell_clip))
+    return steps
