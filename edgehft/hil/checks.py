@@ -205,11 +205,28 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
     lat = np.ones(_SOAK_CAP, np.int64)       # touched now, so its pages count before the first reading
     for i in range(warmup):
         predict(windows[i % n])
-    perf = time.perf_counter_ns
     span = int(minutes * 60e9 / intervals)
+    rows, calls, seconds, rss_kind = _soak_intervals(predict, windows, gaps, lat, span, intervals)
+    drift, growth, failures = _soak_verdict(rows, span, max_p99_drift, max_rss_growth_mb)
+    return {"check": "soak", "ok": not failures, "minutes": minutes, "seconds": seconds, "calls": calls,
+            "intervals": rows, "p99_drift": drift, "rss_growth_bytes": int(growth), "rss_kind": rss_kind,
+            "max_p99_drift": max_p99_drift, "max_rss_growth_mb": max_rss_growth_mb, "failures": failures,
+            "mode": "recorded" if gaps is not None else "max", "speed": speed if gaps is not None else None,
+            "gaps_capped": capped, "source": source, **_runner_info(runner)}
+
+
+def _soak_intervals(predict, windows: list, gaps, lat: np.ndarray, span: int,
+                    intervals: int) -> tuple[list[dict], int, float, str]:
+    """Run ``intervals`` intervals of ``span`` ns each, ``predict`` on ``windows`` cycled (at the recorded
+    ``gaps`` when given, else back to back), the garbage collector off inside each; ``lat`` holds an
+    interval's latencies (ns). Returns ``(rows, calls, seconds, rss_kind)``; the collector's state is
+    restored on the way out."""
+    n = len(windows)
+    perf = time.perf_counter_ns
     rows, calls, i = [], 0, 0
     start = due = perf()
     gc_was = gc.isenabled()
+    rss_kind = None
     try:
         for k in range(intervals):
             end, m = start + (k + 1) * span, 0
@@ -244,7 +261,12 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
             gc.enable()
         else:
             gc.disable()
-    seconds = (perf() - start) / 1e9
+    return rows, calls, (perf() - start) / 1e9, rss_kind
+
+
+def _soak_verdict(rows: list[dict], span: int, max_p99_drift: float,
+                  max_rss_growth_mb: float) -> tuple[float | None, int, list[str]]:
+    """``(p99 drift or None, RSS growth in bytes, failures)`` of the first and last interval in ``rows``."""
     first, last = rows[0], rows[-1]
     drift = (last["p99_us"] / first["p99_us"] - 1.0) if first["p99_us"] and last["p99_us"] is not None else None
     growth = last["rss_bytes"] - first["rss_bytes"]
@@ -256,8 +278,4 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
         failures.append(f"p99 drift {drift:+.1%} > {max_p99_drift:+.1%}")
     if growth > max_rss_growth_mb * 2**20:
         failures.append(f"RSS growth {growth / 2**20:.2f} MiB > {max_rss_growth_mb:g} MiB")
-    return {"check": "soak", "ok": not failures, "minutes": minutes, "seconds": seconds, "calls": calls,
-            "intervals": rows, "p99_drift": drift, "rss_growth_bytes": int(growth), "rss_kind": rss_kind,
-            "max_p99_drift": max_p99_drift, "max_rss_growth_mb": max_rss_growth_mb, "failures": failures,
-            "mode": "recorded" if gaps is not None else "max", "speed": speed if gaps is not None else None,
-            "gaps_capped": capped, "source": source, **_runner_info(runner)}
+    return drift, growth, failures
