@@ -276,6 +276,40 @@ def lstm_params(model: TFLiteModel, op: OpInfo | int, single_rounding: bool = Fa
             hidden-state intermediate.
     """
     op = _op(model, op)
+    x, h_state, c_state, hidden, out = _lstm_state_tensors(model, op)
+    where = f"op {op.index} UNIDIRECTIONAL_SEQUENCE_LSTM"
+    in_scale, in_zp = _scale_zp(x, "input", op)
+    h_scale, h_zp = _scale_zp(h_state, "output state", op)
+    c_scale, _ = _scale_zp(c_state, "cell state", op)
+    hid_scale, hid_zp = _scale_zp(hidden, "hidden intermediate", op)
+    _, out_zp = _scale_zp(out, "output", op)
+    cell_exp = checked_log2(float(c_scale))
+    if cell_exp is None or not -15 <= cell_exp <= -9:
+        raise UnsupportedOpError(f"{where}: cell state scale {float(c_scale)!r} is not a power of two in "
+                                 "2^-15..2^-9 (TFLite's integer tanh covers 0..6 integer bits)")
+    gates = {g: _lstm_gate(model, op, g, ix, ih, ib, (in_scale, in_zp), (h_scale, h_zp), single_rounding)
+             for g, ix, ih, ib in zip(GATES, _LSTM_IN["w_x"], _LSTM_IN["w_h"], _LSTM_IN["bias"])}
+    # effective_hidden_scale = (double) 2^-15 / hidden_scale * 2^-15, stored in a float
+    eff_hidden = np.float32(2.0 ** -15 / float(hid_scale) * 2.0 ** -15)
+    hm, hs = quantize_multiplier(float(eff_hidden), single_rounding)
+    clip = float(op.options.get("CellClip", 0.0) or 0.0)
+    qclip = 0
+    if clip > 0.0:
+        v = np.float32(clip) / c_scale
+        qclip = int(np.trunc(min(max(float(v), -32768.0), 32767.0)))
+    n_cell, n_input = gates["output"].input_weights.shape
+    return LstmParams(
+        gates=gates, n_input=int(n_input), n_cell=int(n_cell),
+        n_output=int(gates["output"].recurrent_weights.shape[1]), input_zero_point=in_zp,
+        output_state_zero_point=h_zp, hidden_zero_point=hid_zp, output_zero_point=out_zp,
+        hidden_multiplier=hm, hidden_shift=hs, cell_scale_exponent=int(cell_exp), quantized_cell_clip=qclip,
+        time_major=bool(op.options.get("TimeMajor", False)), input_scale=float(in_scale),
+        output_state_scale=float(h_scale), hidden_scale=float(hid_scale))
+
+
+def _lstm_state_tensors(model: TFLiteModel, op: OpInfo) -> tuple:
+    """``(input, output state, cell state, hidden intermediate, output)`` tensors of ``op`` once it is
+    checked to be the plain int8x8_16 LSTM the golden model covers; :class:`UnsupportedOpError` otherwise."""
     if op.name != "UNIDIRECTIONAL_SEQUENCE_LSTM":
         raise UnsupportedOpError(f"op {op.index} is {op.name}, not UNIDIRECTIONAL_SEQUENCE_LSTM")
     where = f"op {op.index} UNIDIRECTIONAL_SEQUENCE_LSTM"
@@ -302,53 +336,34 @@ def lstm_params(model: TFLiteModel, op: OpInfo | int, single_rounding: bool = Fa
     if len(op.intermediates) != 5 or model.main.tensors[op.intermediates[4]].quant is None:
         raise UnsupportedOpError(f"{where}: needs 5 intermediates, the last one quantized (hidden state)",
                                  hint="convert with full-integer quantization (the 8x8_16 LSTM)")
-    hidden = model.main.tensors[op.intermediates[4]]
-    in_scale, in_zp = _scale_zp(x, "input", op)
-    h_scale, h_zp = _scale_zp(h_state, "output state", op)
-    c_scale, _ = _scale_zp(c_state, "cell state", op)
-    hid_scale, hid_zp = _scale_zp(hidden, "hidden intermediate", op)
-    _, out_zp = _scale_zp(out, "output", op)
-    cell_exp = checked_log2(float(c_scale))
-    if cell_exp is None or not -15 <= cell_exp <= -9:
-        raise UnsupportedOpError(f"{where}: cell state scale {float(c_scale)!r} is not a power of two in "
-                                 "2^-15..2^-9 (TFLite's integer tanh covers 0..6 integer bits)")
+    return x, h_state, c_state, model.main.tensors[op.intermediates[4]], out
+
+
+def _lstm_gate(model: TFLiteModel, op: OpInfo, g: str, ix: int, ih: int, ib: int, inp: tuple, state: tuple,
+               single_rounding: bool) -> LstmGateParams:
+    """Gate ``g``'s weights, bias, folded zero-point terms and Q3.12 multipliers (inputs ``ix``/``ih``/``ib``
+    of ``op``; ``inp``/``state``: the input's and the output state's ``(scale, zero point)``)."""
+    where = f"op {op.index} UNIDIRECTIONAL_SEQUENCE_LSTM"
+    (in_scale, in_zp), (h_scale, h_zp) = inp, state
     gate_scale = np.float32(2.0 ** -12)            # Q3.12 gate pre-activations (no layer norm)
-    gates = {}
-    for g, ix, ih, ib in zip(GATES, _LSTM_IN["w_x"], _LSTM_IN["w_h"], _LSTM_IN["bias"]):
-        wx_t, wh_t, b_t = t(ix), t(ih), t(ib)
-        for wt, what in ((wx_t, f"input-to-{g} weights"), (wh_t, f"recurrent-to-{g} weights")):
-            if wt.quant is None or wt.quant.scale.size != 1:
-                raise UnsupportedOpError(f"{where}: {what} must be per-tensor quantized")
-            _symmetric(wt, what, op)
-        wx = _const(model, wx_t, "int8", f"input-to-{g} weights", op)
-        wh = _const(model, wh_t, "int8", f"recurrent-to-{g} weights", op)
-        if wh.ndim != 2:
-            raise UnsupportedOpError(f"{where}: diagonal recurrent weights are not supported")
-        bias = _const(model, b_t, "int32", f"{g} gate bias", op)
-        # float32 products, as in PopulateQuantizedLstmParams8x8_16: w_scale * in_scale / 2^-12
-        eff_x = np.float32(wx_t.quant.scale[0]) * in_scale / gate_scale
-        eff_h = np.float32(wh_t.quant.scale[0]) * h_scale / gate_scale
-        mx, sx = quantize_multiplier(float(eff_x), single_rounding)
-        mh, sh = quantize_multiplier(float(eff_h), single_rounding)
-        b_x = (bias.astype(np.int64) + _row_sums_times(wx, -in_zp)).astype(np.int64)
-        b_x = ((b_x + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
-        gates[g] = LstmGateParams(wx, wh, bias, b_x, _row_sums_times(wh, -h_zp), mx, sx, mh, sh)
-    # effective_hidden_scale = (double) 2^-15 / hidden_scale * 2^-15, stored in a float
-    eff_hidden = np.float32(2.0 ** -15 / float(hid_scale) * 2.0 ** -15)
-    hm, hs = quantize_multiplier(float(eff_hidden), single_rounding)
-    clip = float(op.options.get("CellClip", 0.0) or 0.0)
-    qclip = 0
-    if clip > 0.0:
-        v = np.float32(clip) / c_scale
-        qclip = int(np.trunc(min(max(float(v), -32768.0), 32767.0)))
-    n_cell, n_input = gates["output"].input_weights.shape
-    return LstmParams(
-        gates=gates, n_input=int(n_input), n_cell=int(n_cell),
-        n_output=int(gates["output"].recurrent_weights.shape[1]), input_zero_point=in_zp,
-        output_state_zero_point=h_zp, hidden_zero_point=hid_zp, output_zero_point=out_zp,
-        hidden_multiplier=hm, hidden_shift=hs, cell_scale_exponent=int(cell_exp), quantized_cell_clip=qclip,
-        time_major=bool(op.options.get("TimeMajor", False)), input_scale=float(in_scale),
-        output_state_scale=float(h_scale), hidden_scale=float(hid_scale))
+    wx_t, wh_t, b_t = _tensor(model, op, ix), _tensor(model, op, ih), _tensor(model, op, ib)
+    for wt, what in ((wx_t, f"input-to-{g} weights"), (wh_t, f"recurrent-to-{g} weights")):
+        if wt.quant is None or wt.quant.scale.size != 1:
+            raise UnsupportedOpError(f"{where}: {what} must be per-tensor quantized")
+        _symmetric(wt, what, op)
+    wx = _const(model, wx_t, "int8", f"input-to-{g} weights", op)
+    wh = _const(model, wh_t, "int8", f"recurrent-to-{g} weights", op)
+    if wh.ndim != 2:
+        raise UnsupportedOpError(f"{where}: diagonal recurrent weights are not supported")
+    bias = _const(model, b_t, "int32", f"{g} gate bias", op)
+    # float32 products, as in PopulateQuantizedLstmParams8x8_16: w_scale * in_scale / 2^-12
+    eff_x = np.float32(wx_t.quant.scale[0]) * in_scale / gate_scale
+    eff_h = np.float32(wh_t.quant.scale[0]) * h_scale / gate_scale
+    mx, sx = quantize_multiplier(float(eff_x), single_rounding)
+    mh, sh = quantize_multiplier(float(eff_h), single_rounding)
+    b_x = (bias.astype(np.int64) + _row_sums_times(wx, -in_zp)).astype(np.int64)
+    b_x = ((b_x + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
+    return LstmGateParams(wx, wh, bias, b_x, _row_sums_times(wh, -h_zp), mx, sx, mh, sh)
 
 
 def op_params(model: TFLiteModel, op: OpInfo | int, single_rounding: bool = False
