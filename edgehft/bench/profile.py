@@ -112,10 +112,29 @@ def profile_tflite(model: str | Path | bytes, windows: list[list[np.ndarray]], *
         parts.append(_Part(it, stateful))
         taken = litert.delegated_ops(it)
         kernels.append("XNNPACK" if len(taken) == len(seg.ops) else "builtin" if not taken else "mixed")
+    envs, worst = _chain_envs(windows, parts, whole)
+    lat = _time_rounds(parts, whole, envs, rounds, warmup)
+    stats = [_us(lat[:, k]) for k in range(len(parts) + 1)]
+    total = sum(s["p50"] for s in stats[:-1]) or 1.0
+    layers = layers or {}
+    ops = []
+    for k, grp in enumerate(groups):
+        main = g.ops[grp[-1]]
+        ops.append({"index": main.index, "op": main.name, "layer": layers.get(main.index),
+                    "with_ops": [f"{g.ops[i].index}:{g.ops[i].name}" for i in grp[:-1]],
+                    "kernel": kernels[k], "kernel_in_model": in_model.get(main.index, "builtin"),
+                    "us": stats[k], "share": stats[k]["p50"] / total})
+    return {"ops": ops, "whole_us": stats[-1], "sum_p50_us": total,
+            "sum_over_whole": total / stats[-1]["p50"] if stats[-1]["p50"] else None,
+            "rounds": rounds, "warmup": warmup, "op_resolver": op_resolver, "threads": threads,
+            "chain_max_abs_diff": worst}
+
+
+def _chain_envs(windows: list[list[np.ndarray]], parts: list[_Part], whole: _Part) -> tuple[list[dict], float]:
+    """Every op's inputs per window, from the op-by-op chain ``parts``: ``(one tensor-name -> array env per
+    window, the chain's largest absolute difference from ``whole``'s outputs)``."""
     in_names = [n for n, _ in whole.ins]
     out_names = [n for n, _ in whole.outs]
-
-    # Every op's inputs per window, from the op-by-op chain; the chain is checked against the whole model.
     envs, worst = [], 0.0
     for w in windows:
         env = dict(zip(in_names, w))
@@ -126,7 +145,12 @@ def profile_tflite(model: str | Path | bytes, windows: list[list[np.ndarray]], *
         for n in out_names:
             worst = max(worst, float(np.abs(env[n].astype(np.float64) - ref[n].astype(np.float64)).max()))
         envs.append(env)
+    return envs, worst
 
+
+def _time_rounds(parts: list[_Part], whole: _Part, envs: list[dict], rounds: int, warmup: int) -> np.ndarray:
+    """``(rounds, len(parts) + 1)`` int64 ns: each part's invoke, then the whole model's, per round (after
+    ``warmup`` untimed rounds; ``envs`` cycled), with the garbage collector off."""
     n_parts = len(parts)
     lat = np.empty((rounds, n_parts + 1), dtype=np.int64)
     perf = time.perf_counter_ns
@@ -152,20 +176,7 @@ def profile_tflite(model: str | Path | bytes, windows: list[list[np.ndarray]], *
     finally:
         if gc_was:
             gc.enable()
-    stats = [_us(lat[:, k]) for k in range(n_parts + 1)]
-    total = sum(s["p50"] for s in stats[:-1]) or 1.0
-    layers = layers or {}
-    ops = []
-    for k, grp in enumerate(groups):
-        main = g.ops[grp[-1]]
-        ops.append({"index": main.index, "op": main.name, "layer": layers.get(main.index),
-                    "with_ops": [f"{g.ops[i].index}:{g.ops[i].name}" for i in grp[:-1]],
-                    "kernel": kernels[k], "kernel_in_model": in_model.get(main.index, "builtin"),
-                    "us": stats[k], "share": stats[k]["p50"] / total})
-    return {"ops": ops, "whole_us": stats[-1], "sum_p50_us": total,
-            "sum_over_whole": total / stats[-1]["p50"] if stats[-1]["p50"] else None,
-            "rounds": rounds, "warmup": warmup, "op_resolver": op_resolver, "threads": threads,
-            "chain_max_abs_diff": worst}
+    return lat
 
 
 def raw_windows(runner, x: np.ndarray | None, count: int = 8) -> list[list[np.ndarray]]:
