@@ -82,6 +82,7 @@ def _check_no_loops(ir: TFLiteModel, layers: list) -> None:
     raise LoweringError(f"{which} lowered to a TFLite WHILE loop, not a fused sequence op", hint=fix)
 
 
+# long: being split into stages (issue 14)
 def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                   opts: CompileOptions | None = None,
                   progress: Callable[[str], None] | None = None) -> CompileResult:
