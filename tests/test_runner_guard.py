@@ -108,3 +108,21 @@ def test_open_options_are_checked(mlp_dynamic, kwargs, message):
     from edgehft.errors import InputError
     with pytest.raises(InputError, match=message):
         runtime.open(mlp_dynamic, **kwargs)
+
+
+def test_a_manifest_that_does_not_fit_its_native_chain(lstm_native, tmp_path, monkeypatch):
+    """The same files as a bundle already opened once on this machine, with a manifest whose output shape
+    the chain does not make: the first-open marker must not cover it (the manifest is not in its own files
+    map), so the isolated open refuses it, exit 6, instead of a ValueError in this process."""
+    import json
+    import shutil
+    from edgehft.errors import BundleError
+    monkeypatch.setenv("EDGEHFT_CACHE", str(tmp_path / "cache"))
+    runtime.open(lstm_native).close()                        # the good bundle: its marker is written
+    bad = shutil.copytree(lstm_native, tmp_path / "bad")
+    m = json.loads((bad / "manifest.json").read_text())
+    m["outputs"][0]["shape"] = [1, 1]
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="cannot be opened") as exc:
+        runtime.open(bad)
+    assert exc.value.exit_code == 6

@@ -107,7 +107,9 @@ def _key(bundle, request: dict) -> str:
     from edgehft import __version__
     from edgehft.runtime.litert import load_interpreter_module
     _, name, version = load_interpreter_module()
+    # the manifest too: it is not in its own files map, and a hostile one beside known-good files must be tried
     ident = {"files": dict(sorted(bundle.manifest.files.items())), "request": {**request, "bundle": None},
+             "manifest": hashlib.sha256(bundle.manifest.model_dump_json().encode()).hexdigest(),
              "interpreter": f"{name} {version}", "edgehft": __version__, "python": sys.version.split()[0]}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
