@@ -190,3 +190,62 @@ def test_pynq_bundle_without_pynq_says_how_to_get_it(deeplob_pynq):
     with pytest.raises(BoardUnavailableError, match="pynq is not installed") as err:
         runtime.open(deeplob_pynq)
     assert "numpy < 2" in err.value.hint
+
+
+STEPS_EDITS_ON_BOARD = r"""
+import json, sys
+from pathlib import Path
+from edgehft import runtime
+results = {}
+for d in sorted(Path(sys.argv[1]).iterdir()):
+    try:
+        runtime.open(d, emulate=True).close()
+        results[d.name] = "opened"
+    except Exception as exc:
+        results[d.name] = f"{type(exc).__name__}: {exc.args[0] if exc.args else exc}"
+print(json.dumps(results))
+"""
+
+
+def _steps_edit(src: Path, dst: Path, edit) -> None:
+    from edgehft.bundle import MANIFEST, sha256_file
+    shutil.copytree(src, dst)
+    g = json.loads((dst / "steps.json").read_text())
+    lstm = next(s for s in g["steps"] if s.get("kernel") == "lstm_int8")
+    dense = next(s for s in g["steps"] if s.get("kernel") == "dense_int8")
+    edit(dst, lstm, dense)
+    (dst / "steps.json").write_text(json.dumps(g))
+    m = json.loads((dst / MANIFEST).read_text())
+    m["files"] = {rel: sha256_file(dst / rel) for rel in m["files"]}
+    (dst / MANIFEST).write_text(json.dumps(m))
+
+
+def test_steps_json_that_does_not_fit_its_kernels_is_refused(deeplob_pynq, tmp_path):
+    """A hostile steps.json (the hashes re-recorded) is refused before any kernel call, exit 6: an unknown
+    placement or kernel, dims or slot out of range, lengths or a params header that its dims do not read
+    (each of these reached the kernel before: an out-of-bounds DMA read on a board)."""
+    def trunc(d, lstm, dense):
+        (d / lstm["weights"]).write_bytes((d / lstm["weights"]).read_bytes()[:100])
+        lstm["weights_len"] = 100
+    edits = {
+        "placement": (lambda d, lstm, dense: lstm.update(placement="FPGA"), "is not a CPU segment or a kernel"),
+        "kernel": (lambda d, lstm, dense: lstm.update(kernel="conv_int8"), "is not a CPU segment or a kernel"),
+        "trunc": (trunc, "weights_len 100 is not the 65536 B its dims read"),
+        "negative": (lambda d, lstm, dense: lstm["dims"].update(steps=-100, n_in=-192), "must be positive integers"),
+        "slot": (lambda d, lstm, dense: dense.update(slot=2 ** 40), "outside the overlay's 4 slots"),
+        "n_out": (lambda d, lstm, dense: dense["dims"].update(n_out=64), "is not the"),
+        "requantize": (lambda d, lstm, dense: dense.update(requantize="nope"), "header"),
+        "params_len": (lambda d, lstm, dense: dense.update(params_len=float(dense["params_len"])), "not an integer"),
+        "len_str": (lambda d, lstm, dense: lstm.update(weights_len=str(lstm["weights_len"])), "weights_len '65536'"),
+        "swap": (lambda d, lstm, dense: lstm.update(weights=lstm["params"]), "steps.json says 65536"),
+    }
+    root = tmp_path / "edits"
+    root.mkdir()
+    for name, (edit, _) in edits.items():
+        _steps_edit(deeplob_pynq, root / name, edit)
+    r = subprocess.run([str(BOARD_PY), "-c", STEPS_EDITS_ON_BOARD, str(root)], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for name, (_, message) in edits.items():
+        assert got[name].startswith("BundleError:") and message in got[name], (name, got[name])

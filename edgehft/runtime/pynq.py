@@ -154,31 +154,66 @@ class Runner(_Runner):
                                         f"{board.fpga['part']}", hint="use the overlay built for this board")
 
     def _check_steps(self) -> None:
-        """Every kernel call's files, lengths and sizes agree with each other and with the overlay's limits,
-        before any DMA (a truncated weights file would be an out-of-bounds read on the board)."""
+        """Every step of ``steps.json`` is a CPU segment or a kernel call of this overlay whose dims, slot,
+        files, lengths, params header and I/O sizes agree with each other and with the overlay's limits,
+        before any DMA: a bundle is untrusted, and a kernel reading past a buffer on the board is a bus
+        error or a read of someone else's memory.
+
+        Raises:
+            BundleError: naming the step and what does not fit (exit 6).
+        """
         ov = self.board_spec.overlay
         limits = {"dense_int8": {"n_in": ov["dense_max_in"], "n_out": ov["dense_max_out"]},
                   "lstm_int8": {"n_in": ov["lstm_max_in"], "n_hidden": ov["lstm_max_hidden"],
                                 "steps": ov["lstm_max_steps"]}}
         for st in self.graph["steps"]:
-            if st["placement"] != "fpga":
-                continue
-            where = f"bundle {self.bundle.path}: step for op #{st['op']} ({st['kernel']})"
-            for key, itemsize in (("weights", 1), ("params", 4)):
-                size = (self.bundle.path / st[key]).stat().st_size
-                if size != st[f"{key}_len"] * itemsize:
-                    raise BundleError(f"{where}: {st[key]} holds {size} B, steps.json says "
-                                      f"{st[f'{key}_len'] * itemsize}", hint="compile the bundle again")
-            for dim, most in limits[st["kernel"]].items():
-                if int(st["dims"].get(dim, 0)) > int(most):
-                    raise BundleError(f"{where}: {dim} {st['dims'][dim]} exceeds the overlay's {most} on "
-                                      f"{self.board_spec.name}", hint="compile the bundle again for this board")
-            n_x = int(np.prod(st["inputs"][0]["shape"]))
-            d = st["dims"]
-            want = d["rows"] * d["n_in"] if st["kernel"] == "dense_int8" else d["steps"] * d["n_in"]
-            if n_x != want:
-                raise BundleError(f"{where}: input of {n_x} values, the kernel's dims read {want}",
-                                  hint="compile the bundle again")
+            where = f"bundle {self.bundle.path}: steps.json step for op #{st.get('op')} ({st.get('kernel')})"
+            try:
+                problem = self._step_problem(st, limits, int(ov.get("slots", 4)))
+            except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
+                problem = f"malformed ({type(exc).__name__}: {exc})"
+            if problem:
+                raise BundleError(f"{where}: {problem}", hint="compile the bundle again for this board")
+
+    def _step_problem(self, st: dict, limits: dict, slots: int) -> str | None:
+        """What is wrong with one ``steps.json`` step (None when nothing is); see :meth:`_check_steps`."""
+        from edgehft.kernels.blob import REQUANTIZE
+        if st["placement"] == "cpu":
+            return None
+        if st["placement"] != "fpga" or st["kernel"] not in limits:
+            return f"placement {st['placement']!r} / kernel {st['kernel']!r} is not a CPU segment or a kernel of " \
+                   f"this overlay ({', '.join(limits)})"
+        d, names = st["dims"], ("rows" if st["kernel"] == "dense_int8" else "steps", *limits[st["kernel"]])
+        dims = {k: d[k] for k in dict.fromkeys(names)}
+        if any(type(v) is not int or v < 1 for v in dims.values()) or type(st["slot"]) is not int:
+            return f"dims {dims} and slot {st['slot']!r} must be positive integers"
+        if not 0 <= st["slot"] < slots:
+            return f"slot {st['slot']} is outside the overlay's {slots} slots"
+        for dim, most in limits[st["kernel"]].items():
+            if dims[dim] > int(most):
+                return f"{dim} {dims[dim]} exceeds the overlay's {most} on {self.board_spec.name}"
+        dense = st["kernel"] == "dense_int8"
+        n, n_in = (dims["n_out"] if dense else dims["n_hidden"]), dims["n_in"]
+        weights = n * n_in if dense else 4 * n * (n_in + n)
+        if st["weights_len"] != weights or type(st["weights_len"]) is not int:
+            return f"weights_len {st['weights_len']!r} is not the {weights} B its dims read"
+        if type(st["params_len"]) is not int:
+            return f"params_len {st['params_len']!r} is not an integer"
+        for key, itemsize in (("weights", 1), ("params", 4)):
+            size = self.bundle.resolve(st[key]).stat().st_size
+            if size != st[f"{key}_len"] * itemsize:
+                return f"{st[key]} holds {size} B, steps.json says {st[f'{key}_len'] * itemsize}"
+        head = np.fromfile(self.bundle.resolve(st["params"]), dtype="<i4", count=8)
+        want = [0x54464845, 1, 1 if dense else 2, 32, st["params_len"], n_in, n, REQUANTIZE.get(st["requantize"])]
+        if len(head) < 8 or head.tolist() != want:
+            return f"{st['params']}'s header {head.tolist()} is not the one its step describes {want}"
+        n_x = int(np.prod(st["inputs"][0]["shape"]))
+        n_y = int(np.prod(st["outputs"][0]["shape"]))
+        rows = dims["rows"] if dense else dims["steps"]
+        if n_x != rows * n_in or n_y not in ((rows * n,) if dense else (n, rows * n)):
+            return f"input of {n_x} and output of {n_y} values; the kernel's dims read {rows * n_in} and write " \
+                   f"{rows * n if dense else n}"
+        return None
 
     def _open_steps(self, pynq, op_resolver: str) -> None:
         self._check_steps()
