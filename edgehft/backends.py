@@ -10,6 +10,9 @@ so a lookup imports nothing heavy (no vendor library, no TensorFlow, no runtime)
   :func:`edgehft.deploy.probe.probe_box`'s ``facts`` is not ``board`` (empty when it is), run on the host;
 - ``facts`` (optional): ``"module:function"``, ``facts(root: Path) -> dict``: what identifies its boards,
   read on the box under ``root`` and merged into ``probe_box``'s facts;
+- ``partitioner`` (optional): ``"module:attribute"`` naming its partitioner, what ``edgehft report`` predicts for
+  a model file and confirms for a bundle (see :class:`edgehft.partition.contract.Partitioner`);
+- ``isolate``: what its first open of a bundle runs in a child process (see :mod:`edgehft.runtime.isolate`);
 - ``board_dirs``: extra directories of ``<name>.toml`` board files (a plugin ships its own boards).
 
 The built-ins are ``cpu``, ``coral``, ``pynq`` and ``jetson``. Third-party backends come from the entry-point
@@ -46,6 +49,12 @@ class Backend:
         board_dirs: extra directories holding its ``<board>.toml`` files (absolute paths).
         golden_hint: the start of the hint when its runner does not reproduce the golden vectors (the
             golden path the bundle was made on follows it).
+        partitioner: ``"module:attribute"`` of its :class:`~edgehft.partition.contract.Partitioner`, or "" for
+            none (``report`` then predicts nothing for its boards and shows its bundles' reports as they are).
+        isolate: what the first open of a bundle on this machine runs in an isolated child, a tuple of
+            ``"runner"`` (the whole runner, always), ``"emulated"`` (the whole runner under ``emulate``) and
+            ``"cpu_steps"`` (the LiteRT models of the bundle's ``steps.json`` that run on the CPU); None (the
+            default): ``("runner",)`` when its ``Runner`` subclasses the cpu board's, else nothing.
     """
 
     name: str
@@ -56,9 +65,12 @@ class Backend:
     board_dirs: tuple = field(default_factory=tuple)
     golden_hint: str = "the interpreter path differs from the one that made the bundle: "
     facts: str = ""
+    partitioner: str = ""
+    isolate: tuple | None = None
 
     def load(self, stage: str):
-        """The object behind ``stage`` (``"runtime"``, ``"compiler"``, ``"probe"`` or ``"facts"``), imported now.
+        """The object behind ``stage`` (``"runtime"``, ``"compiler"``, ``"probe"``, ``"facts"`` or ``"partitioner"``),
+        imported now.
 
         Raises:
             BoardUnavailableError: the module or attribute is missing (the message names the backend).
@@ -72,14 +84,17 @@ def _ref(module: str) -> str:
 
 BUILTIN = {
     "cpu": Backend("cpu", _ref("runtime.cpu"), _ref("compiler.stage_cpu:STAGE"), _ref("deploy.probe_rules.cpu:probe"),
-                   host_cpu=True),
+                   host_cpu=True, isolate=("runner",)),
     "coral": Backend("coral", _ref("runtime.coral"), _ref("compiler.stage_coral:STAGE"),
-                     _ref("deploy.probe_rules.coral:probe"), facts=_ref("deploy.probe_rules.coral:facts")),
+                     _ref("deploy.probe_rules.coral:probe"), facts=_ref("deploy.probe_rules.coral:facts"),
+                     partitioner=_ref("partition.coral:PARTITIONER"), isolate=("emulated",)),
     "pynq": Backend("pynq", _ref("runtime.pynq"), _ref("compiler.stage_pynq:STAGE"),
                     _ref("deploy.probe_rules.pynq:probe"), facts=_ref("deploy.probe_rules.pynq:facts"),
-                    golden_hint="the overlay's kernels or the bundle's FPGA weights do not reproduce the golden path "),
+                    golden_hint="the overlay's kernels or the bundle's FPGA weights do not reproduce the golden path ",
+                    partitioner=_ref("partition.pynq:PARTITIONER"), isolate=("emulated", "cpu_steps")),
     "jetson": Backend("jetson", _ref("runtime.jetson"), _ref("compiler.stage_jetson:STAGE"),
-                      _ref("deploy.probe_rules.jetson:probe"), facts=_ref("deploy.probe_rules.jetson:facts")),
+                      _ref("deploy.probe_rules.jetson:probe"), facts=_ref("deploy.probe_rules.jetson:facts"),
+                      partitioner=_ref("partition.jetson:PARTITIONER"), isolate=()),
 }
 
 
@@ -172,3 +187,55 @@ def plugin_board_dirs() -> list:
         except BoardUnavailableError:
             continue
     return dirs
+
+
+def partitioner(name: str, required: bool = True):
+    """The :class:`~edgehft.partition.contract.Partitioner` of backend ``name``; the base one (predicts nothing,
+    confirms nothing) for a backend that names none, and, unless ``required``, for one not installed.
+
+    Raises:
+        BoardUnavailableError: no such backend (when ``required``), or its partitioner cannot be imported.
+    """
+    backend = get(name) if required else find(name)
+    if backend is None or not backend.partitioner:      # by path like every stage: the registry imports none of what it names
+        return load_object(_ref("partition.contract:NONE"), f"backend {name!r} partitioner")
+    return backend.load("partitioner")
+
+
+def _partitioners() -> list:
+    """(backend name, partitioner) of every installed backend that names one and loads, in :func:`names` order."""
+    found = []
+    for name in names():
+        b = find(name)
+        if b is None or not b.partitioner:
+            continue
+        try:
+            found.append((name, b.load("partitioner")))
+        except BoardUnavailableError:
+            continue
+    return found
+
+
+def default_board(suffix: str) -> str | None:
+    """The board ``edgehft report MODEL`` predicts for when MODEL ends in ``suffix`` and no ``--board`` is given:
+    the first backend's (in :func:`names` order, built-ins first) that declares one, or None."""
+    for _, p in _partitioners():
+        if suffix in p.default_boards:
+            return p.default_boards[suffix]
+    return None
+
+
+def predicting(suffix: str) -> list:
+    """The names of the installed backends whose partitioner predicts for model files ending in ``suffix``."""
+    return [name for name, p in _partitioners() if suffix in p.suffixes]
+
+
+def table_for_vendor(vendor: str) -> str | None:
+    """The report layout (:data:`edgehft.report.TABLES` key) of the backend whose reports carry
+    ``accelerator["vendor"] == vendor``, or None when no installed backend declares that tag."""
+    if not vendor:
+        return None
+    for _, p in _partitioners():
+        if p.vendor == vendor:
+            return p.table
+    return None

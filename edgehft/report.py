@@ -91,14 +91,27 @@ def segments_of(ops: list[OpPlacement]) -> list[Segment]:
     return segs
 
 
-def ops_table(report: Report) -> Table:
+def table_layout(report: Report) -> str:
+    """The :data:`TABLES` key for ``report`` when its backend is not known: the layout of the installed backend
+    whose partitioner declares the report's ``accelerator["vendor"]`` tag, else "vendor" when ops carry the
+    vendor tool's status, else "kernels"."""
+    from edgehft import backends
+    declared = backends.table_for_vendor(str(report.accelerator.get("vendor") or ""))
+    if declared in TABLES:
+        return declared
+    return "vendor" if any(op.status for op in report.ops) else "kernels"
+
+
+def ops_table(report: Report, layout: str | None = None) -> Table:
+    """The per-op table of ``report`` laid out as ``layout`` (a :data:`TABLES` key: the backend partitioner's
+    ``table``); None or an unknown key: :func:`table_layout`."""
     t = Table(title=f"{report.board}: {len(report.ops)} ops, placement {report.verdict} "
                     f"({report.verdict_source})", title_justify="left")
-    if report.accelerator.get("vendor") == "nvidia-tensorrt":
-        return _tensorrt_table(report, t)
-    vendor = any(op.status for op in report.ops)
-    if vendor:
-        return _vendor_table(report, t)
+    return TABLES[layout if layout in TABLES else table_layout(report)](report, t)
+
+
+def _kernels_table(report: Report, t: Table) -> Table:
+    """Host-CPU reports: per op its dtype, placement and the kernel that runs it, with the reason and fix."""
     for col, kw in (("#", {"justify": "right"}), ("op", {}), ("layer", {}), ("dtype", {}),
                     ("placement", {}), ("kernel", {}), ("reason", {})):
         t.add_column(col, **kw)
@@ -157,6 +170,11 @@ def _tensorrt_table(report: Report, t: Table) -> Table:
     return t
 
 
+TABLES = {"kernels": _kernels_table, "vendor": _vendor_table, "engine": _tensorrt_table}
+"""Report layouts by name (:attr:`edgehft.partition.contract.Partitioner.table`): "kernels" (the kernel per
+op), "vendor" (the accelerator tool's status per op), "engine" (predicted vs engine-confirmed device)."""
+
+
 def drift_table(drift: Drift) -> Table:
     verdict = "[green]pass[/]" if drift.passed else "[red]FAIL[/]"
     t = Table(title=f"drift: {drift.candidate} vs {drift.reference}, {drift.windows} held-out windows, "
@@ -204,12 +222,12 @@ def _printable_tree(value):
     return value
 
 
-def print_report(report: Report, console: Console | None = None) -> None:
+def print_report(report: Report, console: Console | None = None, layout: str | None = None) -> None:
     """The report as tables and lines on ``console``; every string in it is printed as text, never as
-    markup or terminal control codes (:func:`printable`)."""
+    markup or terminal control codes (:func:`printable`). ``layout``: the per-op table's (:func:`ops_table`)."""
     console = console or Console()
     report = Report.model_validate(_printable_tree(report.model_dump()))
-    console.print(ops_table(report))
+    console.print(ops_table(report, layout))
     counts = ", ".join(f"{k}: {v}" for k, v in report.counts.items())
     console.print(f"ops by {'placement' if any(o.status for o in report.ops) else 'kernel'}: {counts}; "
                   f"{len(report.segments)} segment(s), {report.boundary_copies} boundary copies")

@@ -32,7 +32,8 @@ PLUGIN = {
         BACKEND = Backend(name="null", runtime="null_board.runtime", compiler="null_board.compile:STAGE",
                           probe="null_board:probe", facts="null_board:facts", host_cpu=True,
                           board_dirs=(str(Path(__file__).resolve().parent / "boards"),),
-                          golden_hint="NULL runs LiteRT on this host, so the golden path should match: ")
+                          golden_hint="NULL runs LiteRT on this host, so the golden path should match: ",
+                          partitioner="null_board.partition:PARTITIONER")
 
 
         def facts(root):
@@ -66,6 +67,33 @@ PLUGIN = {
 
 
         STAGE = NullStage()
+        ''',
+    "null_board/partition.py": '''
+        from pathlib import Path
+
+        from edgehft.ir import TFLiteModel
+        from edgehft.partition.contract import Partitioner
+        from edgehft.report import OpPlacement, Report, segments_of
+
+
+        class NullPartitioner(Partitioner):
+            suffixes = (".tflite",)
+            default_boards = {".tflite": "null"}     # a built-in's default (coral-usb) comes first
+            label = "NULL"
+            table = "vendor"
+            vendor = "null-litert"
+
+            def predict(self, model, board, **board_options):
+                ir = TFLiteModel.from_file(Path(model))
+                ops = [OpPlacement(index=op.index, op=op.name, placement="cpu", reason_code="NULL_LITERT",
+                                   reason="LiteRT on this host", kernel="LiteRT") for op in ir.main.ops]
+                return Report(board=board.name, verdict="predicted", verdict_source="NULL: the int8 graph on LiteRT",
+                              ops=ops, counts={"cpu": len(ops)}, segments=segments_of(ops),
+                              accelerator={"vendor": "null-litert", "options": sorted(board_options)},
+                              notes=[f"NULL dry run of {Path(model).name}: {len(ops)} ops, none on an accelerator"])
+
+
+        PARTITIONER = NullPartitioner()
         ''',
     "null_board/boards/null.toml": '''
         name = "null"
@@ -106,9 +134,9 @@ def on_path(plugin, monkeypatch):
     return plugin
 
 
-def _cli(plugin: Path, *args, timeout=900) -> subprocess.CompletedProcess:
+def _cli(plugin: Path, *args, timeout=900, env=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), str(ROOT)]), "TF_CPP_MIN_LOG_LEVEL": "3",
-           "CUDA_VISIBLE_DEVICES": "-1", "COLUMNS": "200"}
+           "CUDA_VISIBLE_DEVICES": "-1", "COLUMNS": "200", **(env or {})}
     return subprocess.run([sys.executable, "-m", "edgehft", *map(str, args)], env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -194,10 +222,107 @@ def test_the_golden_mismatch_hint_is_the_backends(on_path):
                                                       "bundle: LiteRT 2.3.0 XNNPACK")
 
 
-def test_null_board_compiles_reports_runs_and_benches_through_the_cli(plugin, mlp, tmp_path):
-    bundle = tmp_path / "mlp.null"
+def test_partitioners_are_registered_by_path_and_give_the_cli_defaults_as_data(on_path):
+    """Each built-in names its partitioner by module path (imported only when asked); the CLI's default boards
+    per model suffix are the partitioners' data, the built-ins' first; the null plugin's partitioner is found."""
+    assert [backends.get(n).partitioner for n in ("cpu", "coral", "pynq", "jetson")] == [
+        "", "edgehft.partition.coral:PARTITIONER", "edgehft.partition.pynq:PARTITIONER",
+        "edgehft.partition.jetson:PARTITIONER"]
+    script = ("import sys; from edgehft import backends; backends.get('coral'); backends.get('jetson');"
+              "print(sorted(m for m in sys.modules if m.startswith('edgehft.partition')))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+    assert (backends.default_board(".tflite"), backends.default_board(".onnx"), backends.default_board(".x")) == (
+        "coral-usb", "jetson-agx-orin", None)
+    assert backends.predicting(".tflite") == ["coral", "pynq", "null"] and backends.predicting(".onnx") == ["jetson"]
+    assert backends.partitioner("null").label == "NULL"
+    cpu = backends.partitioner("cpu")
+    assert (cpu.suffixes, cpu.table, cpu.takes_engine_records) == ((), "", False)
+    assert [backends.partitioner(n).takes_engine_records for n in ("coral", "pynq", "jetson")] == [False, False, True]
+
+
+def test_the_report_table_is_the_partitioners(on_path):
+    """print_report lays a report out as its backend's partitioner says: by the layout named, else by the
+    partitioner that declares the report's vendor tag (the plugin's too), else from the report's own fields."""
+    from edgehft.report import OpPlacement, Report, ops_table, table_layout
+    op = OpPlacement(index=0, op="ADD", placement="cpu", reason_code="X", reason="r", kernel="k")
+    plain = Report(board="b", verdict="predicted", verdict_source="s", ops=[op])
+    assert table_layout(plain) == "kernels"
+    assert table_layout(plain.model_copy(update={"accelerator": {"vendor": "nvidia-tensorrt"}})) == "engine"
+    assert table_layout(plain.model_copy(update={"accelerator": {"vendor": "null-litert"}})) == "vendor"
+    assert table_layout(plain.model_copy(update={"ops": [op.model_copy(update={"status": "s"})]})) == "vendor"
+    columns = {k: [c.header for c in ops_table(plain, k).columns] for k in ("kernels", "vendor", "engine")}
+    assert columns["kernels"] == ["#", "op", "layer", "dtype", "placement", "kernel", "reason"]
+    assert columns["vendor"] == ["#", "op / layer", "placement", "status", "why, fix"]
+    assert columns["engine"] == ["#", "ONNX node", "predicted", "confirmed", "status", "engine layer / why"]
+    assert [c.header for c in ops_table(plain, "no-such-layout").columns] == columns["kernels"]
+
+
+def test_the_first_open_isolates_what_the_backend_declares(on_path):
+    """The built-ins' declarations; a backend that declares nothing is isolated like cpu when its Runner
+    subclasses the cpu board's (the null plugin), and not otherwise."""
+    from edgehft.runtime.isolate import isolated
+    assert [isolated(backends.get(n)) for n in ("cpu", "coral", "pynq", "jetson")] == [
+        ("runner",), ("emulated",), ("emulated", "cpu_steps"), ()]
+    assert backends.get("null").isolate is None and isolated(backends.get("null")) == ("runner",)
+    other = backends.Backend("other", "edgehft.runtime.base", "x:y", "x:z")
+    assert isolated(other) == ()
+    assert isolated(backends.Backend("other", "edgehft.runtime.base", "x:y", "x:z", isolate=("runner",))) == ("runner",)
+
+
+@pytest.fixture(scope="module")
+def null_bundle(plugin, mlp, tmp_path_factory) -> tuple:
+    """The mlp compiled for the null board through the CLI: (bundle, the compile's CompletedProcess)."""
+    bundle = tmp_path_factory.mktemp("null_bundle") / "mlp.null"
     c = _cli(plugin, "compile", mlp / "mlp.keras", "--board", "null", "--calib", mlp / "x.npy", "--out", bundle,
              "--json")
+    return bundle, c
+
+
+def test_null_board_reports_a_tflite_through_its_own_partitioner(plugin, null_bundle):
+    bundle, c = null_bundle
+    assert c.returncode == 0, c.stderr
+    model = bundle / json.loads((bundle / "manifest.json").read_text())["model_file"]
+    r = _cli(plugin, "report", model, "--board", "null", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["model"] == str(model)
+    rep = rep["report"]
+    assert (rep["board"], rep["verdict"], rep["verdict_source"]) == ("null", "predicted", "NULL: the int8 graph on LiteRT")
+    assert rep["accelerator"] == {"vendor": "null-litert", "options": ["edgetpu"]}
+    assert {o["reason_code"] for o in rep["ops"]} == {"NULL_LITERT"} and rep["counts"] == {"cpu": len(rep["ops"])}
+    t = _cli(plugin, "report", model, "--board", "null")
+    assert t.returncode == 0, t.stderr
+    text = " ".join(t.stdout.split())
+    assert "null: " in text and "placement predicted (NULL: the int8 graph on LiteRT)" in text
+    assert "why, fix" in text and f"NULL dry run of {model.name}: {len(rep['ops'])} ops" in text   # its table
+    wrong = _cli(plugin, "report", model, "--board", "cpu")
+    assert wrong.returncode == 3
+    assert "available for Coral boards and PYNQ boards and NULL boards, not cpu" in " ".join(wrong.stderr.split())
+    rec = _cli(plugin, "report", bundle, "--engine-record", model)
+    assert rec.returncode == 2 and "--engine-record applies to a Jetson bundle" in rec.stderr
+    be = _cli(plugin, "build-engine", bundle)
+    assert be.returncode == 3 and "not a Jetson board" in be.stderr
+
+
+def test_null_board_first_open_is_isolated(plugin, null_bundle, tmp_path):
+    """The plugin declares no isolation, its Runner subclasses cpu's: `run` opens the bundle first in a child
+    (through the plugin's own runtime module) and remembers it, as for the cpu board."""
+    bundle, c = null_bundle
+    assert c.returncode == 0, c.stderr
+    cache = tmp_path / "cache"
+    env = {"EDGEHFT_CACHE": str(cache)}
+    for _ in range(2):
+        g = _cli(plugin, "run", bundle, "--golden", "--json", env=env)
+        assert g.returncode == 0, g.stderr
+        assert json.loads(g.stdout)["ok"] is True
+    markers = list((cache / "opened").iterdir())
+    assert len(markers) == 1                      # one child, once: the second run found the marker
+    assert json.loads(markers[0].read_text())["bundle"] == str(bundle)
+
+
+def test_null_board_compiles_reports_runs_and_benches_through_the_cli(plugin, mlp, null_bundle):
+    bundle, c = null_bundle
     assert c.returncode == 0, c.stderr
     res = json.loads(c.stdout)
     assert res["report"]["board"] == "null" and "NULL board: a dry run, no accelerator" in res["report"]["notes"]
@@ -237,7 +362,23 @@ def test_without_the_plugin_the_null_board_is_unknown(plugin, mlp, tmp_path):
     assert r.returncode == 3 and "unknown board 'null'" in r.stderr
 
 
-DISPATCH = ("runtime/__init__.py", "boards.py", "deploy/probe.py", "compiler/pipeline.py", "checks.py")
+def test_without_the_plugin_its_bundle_still_reports(plugin, null_bundle):
+    """`report BUNDLE` of a backend that is not installed shows the bundle's report as it is (no partitioner to
+    ask); build-engine refuses it as any non-Jetson bundle (exit 3), not as an unknown backend."""
+    bundle, c = null_bundle
+    assert c.returncode == 0, c.stderr
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-m", "edgehft", "report", bundle], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "NULL board: a dry run" in r.stdout and "kernel" in r.stdout
+    be = subprocess.run([sys.executable, "-m", "edgehft", "build-engine", bundle], env=env, capture_output=True,
+                        text=True, timeout=120)
+    assert be.returncode == 3 and "is for null (null), not a Jetson board" in " ".join(be.stderr.split())
+
+
+DISPATCH = ("runtime/__init__.py", "boards.py", "deploy/probe.py", "compiler/pipeline.py", "checks.py",
+            "cli/inspect.py", "report.py", "runtime/isolate.py")
 KINDS = {"cpu", "coral", "pynq", "jetson", "edgetpu"}
 
 
@@ -254,8 +395,9 @@ def _kind_comparisons(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("rel", DISPATCH)
 def test_dispatch_names_no_board_kind(rel):
-    """runtime.open, the board catalog, the deploy probe, compile_model and the golden check decide nothing by
-    comparing with a board kind's name: they ask the backend (edgehft.backends)."""
+    """runtime.open, the board catalog, the deploy probe, compile_model, the golden check, `edgehft report`
+    and build-engine, the report's table choice and the isolated first open decide nothing by comparing with
+    a board kind's name: they ask the backend (edgehft.backends)."""
     assert _kind_comparisons(ROOT / "edgehft" / rel) == []
 
 

@@ -49,7 +49,7 @@ def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, en
     .onnx model (predicted TensorRT parser support and DLA/GPU placement for a Jetson --board). For a Jetson
     bundle on which build-engine ran, each ONNX node shows the engine inspector's confirmed device next to
     the prediction, with the disagreements."""
-    from edgehft.report import Report, print_report
+    from edgehft.report import print_report
     p = Path(path)
     model_flags = [f for f, v in (("--board", board), ("--cpu-model", cpu_model), ("-m", min_runtime),
                                   ("-a", multi), ("-i", cut), ("--tensors", list_tensors)) if v]
@@ -59,54 +59,72 @@ def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, en
     if engine_records and not p.is_dir():
         raise click.UsageError("--engine-record applies to a Jetson bundle directory")
     if p.is_dir():
-        from edgehft.bundle import load_bundle
-        b = load_bundle(p)
-        rep = _bundle_report(b, Report)
-        if b.manifest.backend == "jetson":     # the engine inspector's placement, once build-engine ran
-            from edgehft.partition.tensorrt_confirmed import confirmed_report
-            rep = confirmed_report(b, rep, engine_records)
-        elif engine_records:
-            raise click.UsageError(f"--engine-record applies to a Jetson bundle; {b.path} is for {b.manifest.board}")
-        if as_json:
-            click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
+        _show_bundle(p, engine_records, as_json)
+        return
+    suffix = ".onnx" if p.suffix == ".onnx" else ".tflite"       # any other file is read as a TFLite model
+    if suffix == ".tflite":
+        from edgehft.ir import TFLiteModel
+        from edgehft.ir.edgetpu_package import is_compiled
+        model = TFLiteModel.from_file(p)
+        if list_tensors:
+            _print_tensors(model, as_json)
             return
-        print_report(rep, out)
-        return
-    if p.suffix == ".onnx":
-        from edgehft.boards import load_board
-        from edgehft.partition.tensorrt import tensorrt_report
-        spec = load_board(board or "jetson-agx-orin")
-        if spec.backend != "jetson":
-            raise InputError(f"an ONNX placement prediction is available for Jetson boards, not {spec.name}",
-                             hint="pass --board jetson-agx-orin (or jetson-orin-nx, jetson-orin-nano, jetson-xavier-nx)")
-        rep = tensorrt_report(str(p), spec, "as exported")
-        if as_json:
-            click.echo(json.dumps({"model": str(p), "report": rep.model_dump()}))
+        if is_compiled(model):
+            _compiled_report(model, p, cpu_model, as_json)
             return
-        print_report(rep, out)
-        return
-    from edgehft.ir import TFLiteModel
-    from edgehft.ir.edgetpu_package import is_compiled
-    model = TFLiteModel.from_file(p)
-    if list_tensors:
-        _print_tensors(model, as_json)
-        return
-    if is_compiled(model):
-        _compiled_report(model, p, cpu_model, as_json)
-        return
-    from edgehft.boards import load_board
-    from edgehft.compiler.coral import edgetpu_options
-    from edgehft.partition.edgetpu_report import edgetpu_report
-    spec = load_board(board or "coral-usb")
-    if spec.backend != "coral":
-        raise InputError(f"a .tflite partition prediction is available for Coral boards, not {spec.name}",
-                         hint="pass --board coral-usb (or coral-m2, coral-pcie, coral-devboard)")
-    flags = edgetpu_flags(min_runtime, multi, cut)
-    rep = edgetpu_report(model, spec.name, edgetpu_options(spec, flags))
+    spec, part = _predicting_board(board, suffix)
+    rep = part.predict(p, spec, edgetpu=edgetpu_flags(min_runtime, multi, cut))
     if as_json:
         click.echo(json.dumps({"model": str(p), "report": rep.model_dump()}))
         return
-    print_report(rep, out)
+    print_report(rep, out, part.table or None)
+
+
+def _show_bundle(path: Path, engine_records, as_json: bool) -> None:
+    """``report BUNDLE``: its report.json, with what its backend's partitioner confirmed since (Jetson: the
+    engine inspector's placement, once build-engine ran)."""
+    from edgehft import backends
+    from edgehft.bundle import load_bundle
+    from edgehft.report import Report, print_report
+    b = load_bundle(path)
+    rep = _bundle_report(b, Report)
+    part = backends.partitioner(b.manifest.backend, required=False)   # a bundle of an uninstalled backend: as is
+    if engine_records and not part.takes_engine_records:
+        raise click.UsageError(f"--engine-record applies to a Jetson bundle; {b.path} is for {b.manifest.board}")
+    rep = part.confirm(b, rep, engine_records)
+    if as_json:
+        click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
+        return
+    print_report(rep, out, part.table or None)
+
+
+def _predicting_board(board: str | None, suffix: str):
+    """The board (``--board``, else the default some backend declares for ``suffix``) and its backend's
+    partitioner, which must predict for ``suffix`` model files.
+
+    Raises:
+        InputError: the board's backend predicts nothing for such files (the hint names the boards that do).
+        BoardUnavailableError: the board names a backend that is not installed.
+    """
+    from edgehft import backends
+    from edgehft.boards import list_boards, load_board
+    name = board or backends.default_board(suffix)
+    what = "an ONNX placement" if suffix == ".onnx" else f"a {suffix} partition"
+    if name is None:
+        raise InputError(f"{what} prediction needs --board: no installed backend predicts for {suffix} models")
+    spec = load_board(name)
+    part = backends.partitioner(spec.backend, required=False)
+    if suffix in part.suffixes:
+        return spec, part
+    kinds = backends.predicting(suffix)
+    labels = [backends.partitioner(k).label or k for k in kinds]
+    able = [b.name for b in list_boards() if b.backend in kinds]
+    first = backends.default_board(suffix) or (able[0] if able else None)
+    others = [n for n in able if n != first]
+    raise InputError(f"{what} prediction is available for {' and '.join(f'{k} boards' for k in labels) or 'no boards'}"
+                     f", not {spec.name}",
+                     hint=f"pass --board {first}" + (f" (or {', '.join(others)})" if others else "") if first
+                     else "install a backend that predicts for such models")
 
 
 def _compiled_report(model, path: Path, cpu_model: str | None, as_json: bool) -> None:
@@ -249,7 +267,8 @@ def build_engine_cmd(bundle, dla_core, no_gpu_fallback, workspace_mib, as_json):
     from edgehft.toolchains import tensorrt as T
     b = load_bundle(bundle)
     m = b.manifest
-    if m.backend != "jetson":
+    from edgehft import backends
+    if not backends.partitioner(m.backend, required=False).takes_engine_records:      # the backend whose engines these are
         raise InputError(f"bundle {b.path} is for {m.board} ({m.backend}), not a Jetson board")
     board = load_board(m.board)
     data, layers, version = T.build_engine(b.model_path, m.quantization.mode, dla_core=dla_core,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgehft.ir.tflite_model import OpInfo, TFLiteModel, source_layer
+from edgehft.partition.contract import Partitioner
 from edgehft.report import OpPlacement, Report, Segment
 
 PIPELINE_DEPTH = 24              # cycles: MAC adder tree + Q31 requantize + saturate (dense)
@@ -271,3 +272,26 @@ def pynq_report(model: TFLiteModel, board) -> Report:
     rep.notes.append("CPU-segment time is not estimated here: it is the LiteRT time of those ops on the "
                      "board's ARM cores (measure with `edgehft bench` on the board)")
     return rep
+
+
+class PynqPartitioner(Partitioner):
+    """The pynq backend's partitioner: the overlay's kernel calls for a ``.tflite`` (``report MODEL --board
+    kv260``), by :func:`pynq_report`'s cost model."""
+
+    suffixes = (".tflite",)
+    label = "PYNQ"
+    table = "vendor"
+    vendor = "edgehft-pynq-overlay"
+
+    def predict(self, model, board, **board_options) -> Report:
+        """The predicted placement of ``model`` (an int8 .tflite file) on ``board``'s overlay; ``board_options``
+        are ignored.
+
+        Raises:
+            InputError: not a valid .tflite (exit 3).
+        """
+        from pathlib import Path
+        return pynq_report(TFLiteModel.from_file(Path(model)), board)
+
+
+PARTITIONER = PynqPartitioner()

@@ -13,10 +13,11 @@ A success is remembered per process and as a marker file (``$EDGEHFT_CACHE``, el
 file (the model's among them), the board, the options, the interpreter and edgehft versions: a box pays the
 child once per bundle. The predict hot path is not touched.
 
-What is isolated: the cpu board (whole-model and native plans) and Coral/PYNQ boards under ``emulate``
-(the whole runner); on a PYNQ overlay, the LiteRT segments of ``steps.json``. Not isolated: a Coral board's
-compiled model on a real Edge TPU (the delegate owns the device; its flatbuffer is still validated) and
-Jetson engines (TensorRT, not LiteRT).
+What is isolated is each backend's own declaration (:attr:`edgehft.backends.Backend.isolate`, see
+:func:`isolated`): the cpu board (whole-model and native plans), a plugin whose Runner subclasses the cpu
+board's, and Coral/PYNQ boards under ``emulate`` (the whole runner); on a PYNQ overlay, the LiteRT segments
+of ``steps.json``. Not isolated: a Coral board's compiled model on a real Edge TPU (the delegate owns the
+device; its flatbuffer is still validated) and Jetson engines (TensorRT, not LiteRT).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ _MARK = "EDGEHFT-ISOLATED-OPEN "
 _HINT = ("the model file is corrupt or hostile though its hashes match the manifest: compile the bundle again "
          "from the source model, or copy it again from where it was compiled")
 _passed: set = set()
+_ON_CPU = "cpu"         # a steps.json step's placement (the report schema's accelerator / cpu), not a board kind
 
 
 def cache_dir() -> Path:
@@ -84,15 +86,31 @@ def check_models(paths: list, threads: int = 1, resolvers=RESOLVERS, timeout_s: 
     return {"refusals": result.get("refusals", []), "io": result.get("io", [])}
 
 
+def isolated(backend) -> tuple:
+    """What the first open on ``backend`` (:class:`edgehft.backends.Backend`) isolates: its ``isolate``, or,
+    when it declares none, ``("runner",)`` if its ``Runner`` subclasses the cpu board's (it runs LiteRT here)
+    and ``()`` otherwise.
+
+    Raises:
+        BoardUnavailableError: its runtime module cannot be imported (only asked when ``isolate`` is None).
+    """
+    if backend.isolate is not None:
+        return tuple(backend.isolate)
+    from edgehft.runtime.cpu import Runner as CpuRunner
+    runner = getattr(backend.load("runtime"), "Runner", None)
+    return ("runner",) if isinstance(runner, type) and issubclass(runner, CpuRunner) else ()
+
+
 def _request(bundle, spec, threads: int, options: dict) -> dict | None:
-    backend = spec.backend
-    if backend == "cpu" or (backend in ("coral", "pynq") and options.get("emulate")):
+    from edgehft import backends
+    what = isolated(backends.get(spec.backend))
+    if "runner" in what or ("emulated" in what and options.get("emulate")):
         return {"mode": "runner", "bundle": str(Path(bundle.path).resolve()), "board": spec.model_dump(mode="json"),
                 "threads": int(threads), "options": {k: _plain(v) for k, v in sorted(options.items())}}
-    if backend == "pynq" and bundle.manifest.artifacts.get("steps"):
+    if "cpu_steps" in what and bundle.manifest.artifacts.get("steps"):
         try:
             graph = json.loads(bundle.resolve(bundle.manifest.artifacts["steps"]).read_text())
-            models = [str(bundle.resolve(st["model"])) for st in graph["steps"] if st["placement"] == "cpu"]
+            models = [str(bundle.resolve(st["model"])) for st in graph["steps"] if st["placement"] == _ON_CPU]
         except (EdgeHFTError, OSError, ValueError, KeyError, TypeError):
             return None                     # a damaged steps.json: the runner refuses it with its own message
         return {"mode": "models", "models": models, "threads": int(threads), "resolvers": ["auto"]} if models else None
@@ -208,15 +226,14 @@ def _rebuild(result: dict, what: str) -> BaseException:
 def _open_runner(request: dict, progress: dict) -> None:
     """Open the bundle as :func:`edgehft.runtime.open` would (without the isolation) and run it on its golden
     inputs, or on zeros where it has none."""
-    import importlib
-
     import numpy as np
 
     from edgehft.boards import Board
     from edgehft.bundle import load_bundle
     b = load_bundle(request["bundle"], verify=True)
     spec = Board.model_validate(request["board"])          # as the caller loaded it (its catalog may differ)
-    module = importlib.import_module(f"edgehft.runtime.{spec.backend}")
+    from edgehft import backends
+    module = backends.get(spec.backend).load("runtime")     # a plugin's runtime module too
     progress["step"] = "opening it"
     runner = module.Runner(b, spec, threads=request["threads"], **request["options"])
     try:
