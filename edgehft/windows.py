@@ -221,8 +221,11 @@ def _check_windows(what, x) -> np.ndarray:
             bad = np.abs(flat).max(axis=1) > F32_MAX
         if bad.any():
             i = int(np.argmax(bad))
+            w = x[i]
+            first = np.argwhere(~np.isfinite(w) | (np.abs(np.nan_to_num(w)) > F32_MAX))
+            at = tuple(int(v) for v in (i, *first[0])) if len(first) else (i,)
             raise InputError(f"{what}: window {i} (of {len(x)}) holds NaN, infinity or values beyond float32's "
-                             f"range (±{F32_MAX:.3g}), which the model's float32 input cannot take",
+                             f"range (±{F32_MAX:.3g}), first at {at}, which the model's float32 input cannot take",
                              hint="drop or repair those windows before replaying them")
     return x
 
