@@ -83,3 +83,24 @@ def test_pynq_prediction_of_corrupt_models_is_exit_0_or_3(fuzz_models, tmp_path)
             problems.append(f"bit {bit}: exit {rc}, {type(exc).__name__}: {exc}")
     assert not problems, "\n".join(problems[:10])
     assert codes.get(3, 0) > MUTANTS // 4 and codes.get(0, 0) > 0
+
+
+def test_an_onnx_model_predicts_for_jetson_agx_orin_by_default(tmp_path):
+    """The jetson partitioner's data: .onnx defaults to jetson-agx-orin and its reports use the engine table."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+                           helper.make_node("Softmax", ["r"], ["y"], name="sm")], "g", [x], [y])
+    p = tmp_path / "tiny.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p))
+    r = CliRunner().invoke(main, ["report", str(p), "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)["report"]
+    assert rep["board"] == "jetson-agx-orin" and [o["op"] for o in rep["ops"]] == ["Relu", "Softmax"]
+    assert rep["accelerator"]["vendor"] == "nvidia-tensorrt"
+    rc, exc, text = _report(p)
+    assert rc == 0 and "ONNX node" in text and "engine layer / why" in text     # the partitioner's "engine" table
+    rc, exc, text = _report(p, "--board", "kv260")
+    assert rc == 3 and "an ONNX placement prediction is available for Jetson boards, not kv260" in text
