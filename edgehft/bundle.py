@@ -95,6 +95,10 @@ class TensorSpec(BaseModel):
 
 
 class SourceModel(BaseModel):
+    """The model the bundle was compiled from: its file name (``file``), SHA-256 of its bytes (a SavedModel
+    directory: of its files in order), Keras ``flavour`` (keras3 | tf-keras | saved-model) and ``lowering``
+    (how the graph reached the TFLite converter, e.g. a tf-keras rebuild for a fused LSTM)."""
+
     file: str
     sha256: str
     flavour: str                      # keras3 | tf-keras | saved-model
@@ -102,6 +106,11 @@ class SourceModel(BaseModel):
 
 
 class Quantization(BaseModel):
+    """How the bundle's model was quantized: the plan ``mode``; the calibration set's fingerprint
+    (``calibration_sha256`` over dtype, shape and bytes of the windows, :func:`sha256_arrays`), its size in
+    windows and the files it came from (``calibration_source``, recorded for people: nothing on a box reads
+    them); and how many held-out windows the drift figures used."""
+
     mode: Literal["int8", "dynamic", "fp16", "float", "native", "native-bf16"]
     calibration_sha256: str | None = None
     calibration_windows: int = 0
@@ -131,6 +140,14 @@ class Features(BaseModel):
 
 
 class Manifest(BaseModel):
+    """``manifest.json``, the bundle's contract with every box: format and version, the board and backend it
+    was compiled for, ``model_file`` (the int8/float TFLite IR), where the model came from
+    (:class:`SourceModel`) and how it was quantized (:class:`Quantization`), the I/O tensors
+    (:class:`TensorSpec`), the golden vectors (:class:`Golden`), the feature pipeline (:class:`Features`),
+    toolchain versions, board-specific ``artifacts`` and ``accelerator`` needs, and ``files``: the SHA-256 of
+    every other file, which is what a signature over the manifest covers. :func:`load_bundle` refuses a
+    manifest that breaks any rule of :func:`check_manifest`."""
+
     format: str = FORMAT
     format_version: int = 1
     created_utc: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))

@@ -16,6 +16,11 @@ from rich.table import Table
 
 
 class OpPlacement(BaseModel):
+    """Where one TFLite op (or ONNX node, on Jetson) runs and why: ``index`` in graph order, ``op`` name and
+    ``version``, the source ``layer`` when known, ``placement`` (accelerator / cpu / unsupported), a
+    ``reason_code`` for machines and a ``reason`` and ``fix`` for people, the ``kernel`` that runs it
+    (XNNPACK, builtin, native, edgetpu, a device), its output ``dtype``, the vendor tool's own ``status``."""
+
     index: int
     op: str
     version: int = 1
@@ -38,6 +43,9 @@ class OpPlacement(BaseModel):
 
 
 class Segment(BaseModel):
+    """A maximal run of consecutive ops with one placement (:func:`segments_of`): a boundary between two
+    segments is a copy between the host and the accelerator."""
+
     index: int
     placement: Literal["accelerator", "cpu", "unsupported"]
     ops: list[int]
@@ -55,6 +63,9 @@ class DriftOutput(BaseModel):
 
 
 class Drift(BaseModel):
+    """The quantized model against the float one on ``windows`` held-out windows, per output, and whether
+    every output's relative MAE is within ``threshold_rel_mae``."""
+
     windows: int
     threshold_rel_mae: float
     passed: bool
@@ -64,6 +75,12 @@ class Drift(BaseModel):
 
 
 class Report(BaseModel):
+    """The op report of one model on one board, the same schema for every vendor (``report.json``, `edgehft
+    report`): per op an :class:`OpPlacement`; counts, :class:`Segment` s and boundary copies; whether the
+    placement was ``predicted`` or ``confirmed`` by the vendor tool (``verdict_source`` names it); drift and
+    golden figures, notes, disagreements with the vendor tool, vendor details and, for the cpu board's auto
+    plan, the plans measured."""
+
     board: str
     verdict: Literal["predicted", "confirmed"]
     verdict_source: str
