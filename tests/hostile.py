@@ -48,3 +48,15 @@ def assert_refused(out: CliOutcome, code: int, message: str | None = None) -> No
         assert sum(line.startswith(lead) for line in (out.stdout + out.stderr).splitlines()) == 1, where
     if message:
         assert message in out.text, where
+
+
+def bit_flips(data: bytes, count: int, seed: int) -> list[tuple[int, bytes]]:
+    """``count`` copies of ``data``, each with one distinct bit flipped (seeded): ``[(bit, bytes), ...]``."""
+    import numpy as np
+    bits = np.random.default_rng(seed).choice(len(data) * 8, size=count, replace=False)
+    out = []
+    for bit in bits:
+        d = bytearray(data)
+        d[bit // 8] ^= 1 << (bit % 8)
+        out.append((int(bit), bytes(d)))
+    return out

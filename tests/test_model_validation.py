@@ -19,11 +19,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT, SHARED, run_maker
+from hostile import bit_flips
 from edgehft.bundle import MANIFEST, load_bundle
 from edgehft.cli import main
 from edgehft.errors import BundleError
@@ -341,13 +341,7 @@ def test_first_open_runs_once_per_bundle(mlp_bundle, cache, tmp_path):
 
 # -- the bit-flip fuzz --------------------------------------------------------------------------------------
 def _mutants(data: bytes) -> list:
-    bits = np.random.default_rng(FUZZ_SEED).choice(len(data) * 8, size=FUZZ_MUTANTS, replace=False)
-    out = []
-    for bit in bits:
-        d = bytearray(data)
-        d[bit // 8] ^= 1 << (bit % 8)
-        out.append((int(bit), bytes(d)))
-    return out
+    return bit_flips(data, FUZZ_MUTANTS, FUZZ_SEED)
 
 
 def _problems(name: str, bit: int, r: dict) -> list:

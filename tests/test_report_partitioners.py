@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from conftest import run_maker
+from hostile import bit_flips
 from edgehft import backends
 from edgehft.boards import load_board
 from edgehft.cli import main
@@ -60,13 +60,7 @@ def test_report_defaults_and_refusals(fuzz_models):
 
 
 def _mutants(data: bytes) -> list:
-    bits = np.random.default_rng(SEED).choice(len(data) * 8, size=MUTANTS, replace=False)
-    out = []
-    for bit in bits:
-        d = bytearray(data)
-        d[bit // 8] ^= 1 << (bit % 8)
-        out.append((int(bit), bytes(d)))
-    return out
+    return bit_flips(data, MUTANTS, SEED)
 
 
 def test_pynq_prediction_of_corrupt_models_is_exit_0_or_3(fuzz_models, tmp_path):
