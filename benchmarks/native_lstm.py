@@ -4,7 +4,7 @@ Two shapes: DeepLOB's LSTM(64) over 100 steps x 192 features (last step), and ST
 LSTM(100) over 50 x 100 (last step); tf-keras models with seeded random weights and non-zero biases.
 Peers, one pinned core, one thread, batch 1:
 
-  native kernel fp32        edgehft.kernels.native_lstm.NativeLSTM.run_ptr (no Python checks)
+  native kernel fp32        edgehft.kernels.cpu.lstm.NativeLSTM.run_ptr (no Python checks)
   LiteRT float              the float TFLite conversion (UNIDIRECTIONAL_SEQUENCE_LSTM, float kernel),
                             set_tensor / invoke / get_tensor, variables reset before each call
   LiteRT dynamic            the dynamic-range conversion (int8 weights, LiteRT's hybrid LSTM kernel)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))
     from cpu_peers import ort_session, pin_all_threads, time_interleaved
 
-    from edgehft.kernels.native_lstm import NativeLSTM
+    from edgehft.kernels.cpu.lstm import NativeLSTM
     cpu = a.cpu if a.cpu is not None else max(os.sched_getaffinity(0))
     pin_all_threads(cpu)
     for i, name in enumerate(SHAPES):

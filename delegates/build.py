@@ -5,9 +5,9 @@ so the ``fp32`` / ``float64`` requantize modes round exactly as numpy and XNNPAC
     python delegates/build.py                      # -> delegates/build/libedgehft_kernels.so
     python delegates/build.py --out DIR [-D LSTM_LANES=224 ...]
 
-``edgehft.kernels.csim.KernelLibrary()`` does the same on first use into its cache directory; pass
-``KernelLibrary(path=...)`` to load a library built here. The flags live in ``edgehft.kernels.csim``
-(``CXXFLAGS``) so both builds stay the same.
+``edgehft.kernels.fpga.csim.KernelLibrary()`` does the same on first use into its cache directory; pass
+``KernelLibrary(path=...)`` to load a library built here. The flags live in ``edgehft.kernels.cxx``
+(``CXXFLAGS`` in ``edgehft.kernels.cxx``) so both builds stay the same.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from edgehft.kernels.csim import CXXFLAGS, LIBRARY_NAME, build_library, kernel_sources  # noqa: E402
+from edgehft.kernels.cxx import CXXFLAGS  # noqa: E402
+from edgehft.kernels.fpga.csim import LIBRARY_NAME, build_library, kernel_sources  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,14 @@ so a lookup imports nothing heavy (no vendor library, no TensorFlow, no runtime)
   read on the box under ``root`` and merged into ``probe_box``'s facts;
 - ``partitioner`` (optional): ``"module:attribute"`` naming its partitioner, what ``edgehft report`` predicts for
   a model file and confirms for a bundle (see :class:`edgehft.partition.contract.Partitioner`);
+- ``identity`` (optional): ``"module:function"``, ``identity(facts) -> list[str]``: the lines ``edgehft status``
+  prints to say which of its boards the box is (empty when the facts show none);
+- ``attached`` (optional): ``"module:function"``, ``attached() -> (dict, list[str])``: the accelerators of its
+  kind attached to this machine, as JSON-ready data (merged into ``boards --probe --json``) and lines;
+- ``board_options`` (optional): ``"module:attribute"`` naming its :class:`~edgehft.board_options.BoardOptions`,
+  the command-line options only its boards take (added to ``compile`` and ``report``);
+- ``compiled_report`` (optional): ``"module:function"``, ``(model, path, cpu_model, as_json) -> bool``: shows a
+  model file compiled for its accelerator (``report X_edgetpu.tflite``), False for any other model;
 - ``isolate``: what its first open of a bundle runs in a child process (see :mod:`edgehft.runtime.isolate`);
 - ``board_dirs``: extra directories of ``<name>.toml`` board files (a plugin ships its own boards).
 
@@ -51,6 +59,12 @@ class Backend:
             golden path the bundle was made on follows it).
         partitioner: ``"module:attribute"`` of its :class:`~edgehft.partition.contract.Partitioner`, or "" for
             none (``report`` then predicts nothing for its boards and shows its bundles' reports as they are).
+        identity: ``"module:function"``, ``(facts: dict) -> list[str]``: lines naming which of its boards the
+            box described by ``facts`` is, or "" for none.
+        attached: ``"module:function"``, ``() -> (dict, list[str])``: its accelerators attached here (data,
+            lines) for ``edgehft boards --probe``, or "" for none.
+        board_options: ``"module:attribute"`` of its :class:`~edgehft.board_options.BoardOptions`, or "" for none.
+        compiled_report: ``"module:function"`` showing a model compiled for its accelerator, or "" for none.
         isolate: what the first open of a bundle on this machine runs in an isolated child, a tuple of
             ``"runner"`` (the whole runner, always), ``"emulated"`` (the whole runner under ``emulate``) and
             ``"cpu_steps"`` (the LiteRT models of the bundle's ``steps.json`` that run on the CPU); None (the
@@ -67,9 +81,14 @@ class Backend:
     facts: str = ""
     partitioner: str = ""
     isolate: tuple | None = None
+    identity: str = ""
+    attached: str = ""
+    board_options: str = ""
+    compiled_report: str = ""
 
     def load(self, stage: str):
-        """The object behind ``stage`` (``"runtime"``, ``"compiler"``, ``"probe"``, ``"facts"`` or ``"partitioner"``),
+        """The object behind ``stage`` (``"runtime"``, ``"compiler"``, ``"probe"``, ``"facts"``, ``"partitioner"``,
+        ``"identity"``, ``"attached"``, ``"board_options"`` or ``"compiled_report"``),
         imported now.
 
         Raises:
@@ -87,13 +106,19 @@ BUILTIN = {
                    host_cpu=True, isolate=("runner",)),
     "coral": Backend("coral", _ref("runtime.coral"), _ref("compiler.stage_coral:STAGE"),
                      _ref("deploy.probe_rules.coral:probe"), facts=_ref("deploy.probe_rules.coral:facts"),
+                     identity=_ref("deploy.probe_rules.coral:identity"),
+                     attached=_ref("deploy.probe_rules.coral:attached"),
+                     board_options=_ref("partition.coral_options:OPTIONS"),
+                     compiled_report=_ref("cli.report_coral:show_compiled"),
                      partitioner=_ref("partition.coral:PARTITIONER"), isolate=("emulated",)),
     "pynq": Backend("pynq", _ref("runtime.pynq"), _ref("compiler.stage_pynq:STAGE"),
                     _ref("deploy.probe_rules.pynq:probe"), facts=_ref("deploy.probe_rules.pynq:facts"),
+                    identity=_ref("deploy.probe_rules.pynq:identity"),
                     golden_hint="the overlay's kernels or the bundle's FPGA weights do not reproduce the golden path ",
                     partitioner=_ref("partition.pynq:PARTITIONER"), isolate=("emulated", "cpu_steps")),
     "jetson": Backend("jetson", _ref("runtime.jetson"), _ref("compiler.stage_jetson:STAGE"),
                       _ref("deploy.probe_rules.jetson:probe"), facts=_ref("deploy.probe_rules.jetson:facts"),
+                      identity=_ref("deploy.probe_rules.jetson:identity"),
                       partitioner=_ref("partition.jetson:PARTITIONER"), isolate=()),
 }
 
@@ -211,6 +236,22 @@ def _partitioners() -> list:
             continue
         try:
             found.append((name, b.load("partitioner")))
+        except BoardUnavailableError:
+            continue
+    return found
+
+
+def stage_of_each(stage: str) -> list:
+    """(backend name, loaded ``stage`` object) of every installed backend that names ``stage`` and whose object
+    imports, in :func:`names` order: for the optional stages every board kind may answer (``"identity"``,
+    ``"attached"``, ``"facts"``, ``"board_options"``)."""
+    found = []
+    for name in names():
+        b = find(name)
+        if b is None or not getattr(b, stage):
+            continue
+        try:
+            found.append((name, b.load(stage)))
         except BoardUnavailableError:
             continue
     return found

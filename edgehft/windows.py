@@ -2,7 +2,7 @@
 feature pipeline (a Python callable named ``path/to/file.py:function`` or ``package.module:function``).
 
 A feature pipeline is code. On the compile host it is the user's own (``--features``, the model's sidecar);
-from a bundle it is loaded only through :func:`edgehft.checks.bundle_pipeline`, on the user's explicit
+from a bundle it is loaded only through :func:`edgehft.bundle_checks.bundle_pipeline`, on the user's explicit
 request, from the bytes whose SHA-256 the manifest lists (:attr:`PipelineRef.sha256`).
 
 A pipeline is called once with the list of raw feed paths (one continuous stream, in order) and returns

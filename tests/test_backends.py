@@ -15,7 +15,7 @@ import pytest
 
 from edgehft import backends
 from edgehft.boards import list_boards, load_board
-from edgehft.checks import golden_mismatch
+from edgehft.bundle_checks import golden_mismatch
 from edgehft.deploy.probe import board_mismatches, probe_box
 from edgehft.errors import BoardUnavailableError
 
@@ -289,7 +289,11 @@ def test_null_board_reports_a_tflite_through_its_own_partitioner(plugin, null_bu
     assert rep["model"] == str(model)
     rep = rep["report"]
     assert (rep["board"], rep["verdict"], rep["verdict_source"]) == ("null", "predicted", "NULL: the int8 graph on LiteRT")
-    assert rep["accelerator"] == {"vendor": "null-litert", "options": ["edgetpu"]}
+    assert rep["accelerator"] == {"vendor": "null-litert", "options": []}       # no board options given
+    # another board kind's options reach every partitioner in the one signature (this one ignores them)
+    r = _cli(plugin, "report", model, "--board", "null", "-m", "13", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["report"]["accelerator"]["options"] == ["edgetpu"]
     assert {o["reason_code"] for o in rep["ops"]} == {"NULL_LITERT"} and rep["counts"] == {"cpu": len(rep["ops"])}
     t = _cli(plugin, "report", model, "--board", "null")
     assert t.returncode == 0, t.stderr
@@ -377,8 +381,9 @@ def test_without_the_plugin_its_bundle_still_reports(plugin, null_bundle):
     assert be.returncode == 3 and "is for null (null), not a Jetson board" in " ".join(be.stderr.split())
 
 
-DISPATCH = ("runtime/__init__.py", "boards.py", "deploy/probe.py", "compiler/pipeline.py", "checks.py",
-            "cli/inspect.py", "report.py", "runtime/isolate.py")
+DISPATCH = ("runtime/__init__.py", "boards.py", "deploy/probe.py", "compiler/pipeline.py", "bundle_checks.py",
+            "cli/inspect.py", "cli/deploy.py", "cli/compile.py", "compiler/stage.py", "report.py",
+            "runtime/isolate.py")
 KINDS = {"cpu", "coral", "pynq", "jetson", "edgetpu"}
 
 
@@ -390,6 +395,11 @@ def _kind_comparisons(path: Path) -> list[str]:
             for sub in ast.walk(node):
                 if isinstance(sub, ast.Constant) and sub.value in KINDS:
                     found.append(f"{path.name}:{node.lineno} compares with {sub.value!r}")
+        looked_up = (node.slice if isinstance(node, ast.Subscript) else
+                     node.args[0] if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                     and node.func.attr == "get" and node.args else None)
+        if isinstance(looked_up, ast.Constant) and looked_up.value in KINDS:   # facts["edgetpu"], f.get("pynq")
+            found.append(f"{path.name}:{node.lineno} looks up {looked_up.value!r}")
     return found
 
 
@@ -404,3 +414,5 @@ def test_dispatch_names_no_board_kind(rel):
 def test_the_dispatch_check_finds_a_comparison(tmp_path):
     (tmp_path / "x.py").write_text('if board.backend == "pynq" or kind in ("jetson",):\n    pass\n')
     assert _kind_comparisons(tmp_path / "x.py") == ["x.py:1 compares with 'pynq'", "x.py:1 compares with 'jetson'"]
+    (tmp_path / "y.py").write_text("n = facts['edgetpu']\nm = f.get('pynq', {})\nok = f.get(name)\n")
+    assert _kind_comparisons(tmp_path / "y.py") == ["y.py:1 looks up 'edgetpu'", "y.py:2 looks up 'pynq'"]

@@ -143,7 +143,7 @@ def test_a_symlinked_pipeline_is_refused(armed, canary, tmp_path):
 def test_the_pipeline_loader_refuses_on_its_own(armed, canary, file, fn, message):
     """:func:`bundle_pipeline` holds the line even where a manifest got past the bundle loader."""
     from edgehft.bundle import Features, load_bundle
-    from edgehft.checks import bundle_pipeline
+    from edgehft.bundle_checks import bundle_pipeline
     from edgehft.errors import BundleError
     b = load_bundle(armed)
     b.manifest.features = Features(file=file, callable=fn)

@@ -11,7 +11,7 @@ from conftest import ROOT, SHARED
 from edgehft import runtime
 from edgehft.bundle import load_bundle
 from edgehft.cli import main
-from edgehft.compiler.coral import EdgeTPUFlags
+from edgehft.partition.coral_options import EdgeTPUFlags
 from edgehft.compiler.pipeline import CompileOptions, compile_model
 from edgehft.errors import BoardUnavailableError, ConverterError
 from edgehft.toolchains.edgetpu_compiler import run_compiler
@@ -69,7 +69,7 @@ def test_disagreements_with_the_compiler_are_listed(tmp_path, replay_compiler):
     m = TFLiteModel.from_file(LSTM)
     cut = m.main.tensors[m.main.ops[2].outputs[0]].name          # RESHAPE's output
     res = compile_model(LSTM, [], tmp_path / "b",
-                        CompileOptions(board="coral-usb", edgetpu=EdgeTPUFlags(intermediate_tensors=(cut,))))
+                        CompileOptions(board="coral-usb", board_options={"edgetpu": EdgeTPUFlags(intermediate_tensors=(cut,))}))
     dis = res.report.disagreements
     assert [(d["index"], d["op"], d["predicted"], d["actual"]) for d in dis] == [
         (3, "FULLY_CONNECTED", "cpu", "tpu"), (4, "SOFTMAX", "cpu", "tpu"), (5, "QUANTIZE", "cpu", "tpu")]
@@ -158,15 +158,15 @@ def test_cli_lists_tensors_for_cuts():
 def test_compiled_elsewhere_is_checked_and_bundled(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     compiled = TEST_DATA / "deeplabv3_mnv2_dm05_pascal_quant_edgetpu.tflite"
-    res = compile_model(DEEPLAB, [], tmp_path / "b", CompileOptions(board="coral-pcie", edgetpu_model=compiled))
+    res = compile_model(DEEPLAB, [], tmp_path / "b", CompileOptions(board="coral-pcie", board_options={"edgetpu_model": compiled}))
     assert res.report.verdict == "confirmed" and res.report.disagreements == []
     assert res.bundle.manifest.accelerator["compiled_elsewhere"] == compiled.name
     from edgehft.errors import InputError
     with pytest.raises(InputError, match="does not look like the source"):
-        compile_model(LSTM, [], tmp_path / "c", CompileOptions(board="coral-pcie", edgetpu_model=compiled))
+        compile_model(LSTM, [], tmp_path / "c", CompileOptions(board="coral-pcie", board_options={"edgetpu_model": compiled}))
     whole = TEST_DATA / "mobilenet_v1_0.25_128_quant_edgetpu.tflite"         # no CPU ops left to compare
     with pytest.raises(InputError, match="are not tensors of it"):
-        compile_model(LSTM, [], tmp_path / "d", CompileOptions(board="coral-pcie", edgetpu_model=whole))
+        compile_model(LSTM, [], tmp_path / "d", CompileOptions(board="coral-pcie", board_options={"edgetpu_model": whole}))
 
 
 def test_uint8_windows_for_a_uint8_model_are_raw_inputs(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from conftest import ROOT, SHARED, run_maker
 from edgehft.cli import main
 from edgehft.compiler.pipeline import CompileOptions, compile_model
 from edgehft.ir import TFLiteModel
-from edgehft.partition.edgetpu import predict
+from edgehft.partition.coral_predict import predict
 
 TEST_DATA = SHARED / "edgetpu_pairs" / "google-coral__test_data"
 POSENET = TEST_DATA / "posenet_mobilenet_v1_075_353_481_16_quant_decoder.tflite"
@@ -163,7 +163,7 @@ def test_report_json_says_compiler_version_not_recorded(tmp_path, monkeypatch):
     assert "compiler version not recorded" in text
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     compiled = TEST_DATA / "deeplabv3_mnv2_dm05_pascal_quant_edgetpu.tflite"
-    res = compile_model(DEEPLAB, [], tmp_path / "b", CompileOptions(board="coral-pcie", edgetpu_model=compiled,
+    res = compile_model(DEEPLAB, [], tmp_path / "b", CompileOptions(board="coral-pcie", board_options={"edgetpu_model": compiled},
                                                                     golden_count=1))
     assert res.bundle.manifest.accelerator["compiler_version"] == "not recorded"
     r = CliRunner().invoke(main, ["report", str(tmp_path / "b"), "--json"])

@@ -24,7 +24,7 @@ from edgehft.bundle import Golden, Manifest, Quantization, SourceModel, TensorSp
 from edgehft.errors import BoardUnavailableError, BundleError, InputError
 from edgehft.ir import OpInfo, SubgraphInfo, TFLiteModel
 from edgehft.ir.edgetpu_package import EdgeTPUPackage, min_runtime_version, parse_package, read_packages
-from edgehft.runtime import coral, cpu, edgetpu_lib
+from edgehft.runtime import coral, coral_device, cpu
 
 PAIRS = SHARED / "edgetpu_pairs" / "google-coral__test_data"
 YAMNET = SHARED / "edgetpu_pairs" / "google-coral__coralmicro" / "yamnet_spectra_in_edgetpu.tflite"
@@ -92,14 +92,14 @@ def _with_ops(op_list):
 # -- the Edge TPU runtime library -------------------------------------------------------------------
 
 def test_library_names():
-    assert edgetpu_lib.library_name("linux") == "libedgetpu.so.1"
-    assert edgetpu_lib.library_name("darwin") == "libedgetpu.1.dylib"
-    assert edgetpu_lib.library_name("win32") == "edgetpu.dll"
+    assert coral_device.library_name("linux") == "libedgetpu.so.1"
+    assert coral_device.library_name("darwin") == "libedgetpu.1.dylib"
+    assert coral_device.library_name("win32") == "edgetpu.dll"
 
 
 def _no_libedgetpu() -> bool:
     try:
-        ctypes.CDLL(edgetpu_lib.library_name())
+        ctypes.CDLL(coral_device.library_name())
     except OSError:
         return True
     return False
@@ -111,14 +111,14 @@ no_libedgetpu = pytest.mark.skipif(not _no_libedgetpu(), reason="libedgetpu is i
 @no_libedgetpu
 def test_missing_library_says_where_it_comes_from():
     with pytest.raises(BoardUnavailableError, match="Edge TPU runtime library .* is not installed") as exc:
-        edgetpu_lib.load_library()
+        coral_device.load_library()
     assert exc.value.exit_code == 7
     hint = exc.value.hint
     assert "deb https://packages.cloud.google.com/apt coral-edgetpu-stable main" in hint
     assert "libedgetpu1-std" in hint and "libedgetpu1-max" in hint and "coral.ai/software" in hint
     assert "python3-pycoral" in hint and "--extra-index-url https://google-coral.github.io/py-repo/" in hint
     assert "the PyPI package named `pycoral` is an unrelated project" in hint
-    p = edgetpu_lib.probe()
+    p = coral_device.probe()
     assert p["library"] is None and p["runtime_version"] is None and p["devices"] == []
     assert "not installed" in p["error"]
 
@@ -126,13 +126,13 @@ def test_missing_library_says_where_it_comes_from():
 @pytest.mark.parametrize("spec,parsed", [(None, (None, None)), ("", (None, None)), ("usb", ("usb", None)),
                                          ("usb:0", ("usb", 0)), ("pci", ("pci", None)), ("pci:3", ("pci", 3))])
 def test_parse_device_accepts(spec, parsed):
-    assert edgetpu_lib.parse_device(spec) == parsed
+    assert coral_device.parse_device(spec) == parsed
 
 
 @pytest.mark.parametrize("spec", ["gpu", "usb:", "usb:-1", "usb:x", ":0", "usb0", "pci:0:1", "tpu:0"])
 def test_parse_device_rejects(spec):
     with pytest.raises(InputError, match="invalid Edge TPU device") as exc:
-        edgetpu_lib.parse_device(spec)
+        coral_device.parse_device(spec)
     assert "usb:N" in exc.value.hint
 
 
@@ -183,34 +183,34 @@ def emulated_lib(tmp_path_factory):
 
 
 def test_discovery_against_emulated_library(emulated_lib):
-    lib = edgetpu_lib.load_library(path=str(emulated_lib))
+    lib = coral_device.load_library(path=str(emulated_lib))
     lib.emulated_set(3, None)
-    assert edgetpu_lib.library_path(lib) == str(emulated_lib)
-    assert edgetpu_lib.runtime_version(lib) == 14
+    assert coral_device.library_path(lib) == str(emulated_lib)
+    assert coral_device.runtime_version(lib) == 14
     before = lib.emulated_freed()
-    devices = edgetpu_lib.list_devices(lib)
+    devices = coral_device.list_devices(lib)
     assert lib.emulated_freed() == before + 1                       # the array went back to the library
     assert devices == [{"type": "usb", "path": "/sys/bus/usb/devices/2-1", "name": "usb:0"},
                        {"type": "pci", "path": "/dev/apex_0", "name": "pci:0"},
                        {"type": "usb", "path": "/sys/bus/usb/devices/2-2", "name": "usb:1"}]
-    assert edgetpu_lib.find_device(devices, "")["name"] == "usb:0"
-    assert edgetpu_lib.find_device(devices, "pci")["path"] == "/dev/apex_0"
-    assert edgetpu_lib.find_device(devices, "usb:1")["path"] == "/sys/bus/usb/devices/2-2"
-    assert edgetpu_lib.find_device(devices, "pci:1") is None
+    assert coral_device.find_device(devices, "")["name"] == "usb:0"
+    assert coral_device.find_device(devices, "pci")["path"] == "/dev/apex_0"
+    assert coral_device.find_device(devices, "usb:1")["path"] == "/sys/bus/usb/devices/2-2"
+    assert coral_device.find_device(devices, "pci:1") is None
     err = coral.no_device_error(devices, "pci:1")
     assert "Edge TPU 'pci:1' is not attached; attached: usb:0 (/sys/bus/usb/devices/2-1), pci:0" in str(err)
-    p = edgetpu_lib.probe(path=str(emulated_lib))
+    p = coral_device.probe(path=str(emulated_lib))
     assert (p["library"], p["runtime_version"], p["error"]) == (str(emulated_lib), 14, None)
     assert p["devices"] == devices and "RuntimeVersion(14)" in p["version_string"]
 
     lib.emulated_set(0, b"BuildLabel(COMPILER=x), RuntimeVersion(12)")
-    assert edgetpu_lib.list_devices(lib) == []
-    assert edgetpu_lib.runtime_version(lib) == 12
+    assert coral_device.list_devices(lib) == []
+    assert coral_device.runtime_version(lib) == 12
     assert "attached: none" in str(coral.no_device_error([], None))
     lib.emulated_set(3, b"no version here")
     with pytest.raises(BoardUnavailableError, match="cannot read the Edge TPU runtime version"):
-        edgetpu_lib.runtime_version(lib)
-    assert "cannot read" in edgetpu_lib.probe(path=str(emulated_lib))["error"]
+        coral_device.runtime_version(lib)
+    assert "cannot read" in coral_device.probe(path=str(emulated_lib))["error"]
     lib.emulated_set(3, b"BuildLabel(COMPILER=6.3.0 20170516,DATE=redacted,TIME=redacted), RuntimeVersion(14)")
 
 
@@ -218,11 +218,11 @@ def test_a_library_that_is_not_libedgetpu():
     libm = ctypes.util.find_library("m")
     if libm is None:
         pytest.skip("no libm to stand in for a wrong library")
-    lib = edgetpu_lib.load_library(path=libm)
+    lib = coral_device.load_library(path=libm)
     with pytest.raises(BoardUnavailableError, match="does not export edgetpu_version"):
-        edgetpu_lib.runtime_version(lib)
+        coral_device.runtime_version(lib)
     with pytest.raises(BoardUnavailableError, match="not installed or cannot be loaded"):
-        edgetpu_lib.load_library(path="/nonexistent/libedgetpu.so.1")
+        coral_device.load_library(path="/nonexistent/libedgetpu.so.1")
 
 
 def test_vendor_messages_become_clear_errors():

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from conftest import DEEPLOB, FEED_DAY1
 from edgehft import runtime
 from edgehft.bundle import load_bundle
-from edgehft.checks import check_golden
+from edgehft.bundle_checks import check_golden
 from edgehft.cli import main
 from edgehft.compiler.plans import CANDIDATES, Candidate, choose
 from edgehft.ir import TFLiteModel

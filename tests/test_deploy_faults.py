@@ -20,7 +20,7 @@ from test_deploy import bundles, box, cli, deployed, target, tiny_disk, wait_no_
 
 from edgehft import runtime
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
-from edgehft.checks import check_golden
+from edgehft.bundle_checks import check_golden
 from edgehft.deploy.deploy import box_status, deploy, rollback
 from edgehft.deploy.ssh import agent_outcome, parse_target, ssh_argv
 from edgehft.deploy.store import Store

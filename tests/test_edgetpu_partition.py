@@ -10,10 +10,10 @@ import pytest
 from conftest import ROOT, SHARED, run_maker
 from edgehft.errors import InputError
 from edgehft.ir import TFLiteModel
-from edgehft.partition import edgetpu_rules as R
-from edgehft.partition.edgetpu import EdgeTPUOptions, predict
-from edgehft.partition.edgetpu_compiled import compare, read_compiled
-from edgehft.partition.edgetpu_report import edgetpu_report
+from edgehft.partition import coral_rules as R
+from edgehft.partition.coral_predict import EdgeTPUOptions, predict
+from edgehft.partition.coral_compiled import compare, read_compiled
+from edgehft.partition.coral_report import edgetpu_report
 from edgehft.toolchains.edgetpu_compiler import parse_output
 
 PAIRS_DIR = SHARED / "edgetpu_pairs"

@@ -1,5 +1,5 @@
-"""The FPGA kernels' C++ (bitstreams/kernels, through ctypes: edgehft.kernels.csim) against the numpy
-golden model (edgehft.kernels.reference) and LiteRT 2.3.0, bit for bit; the blob layout; the kernels'
+"""The FPGA kernels' C++ (bitstreams/kernels, through ctypes: edgehft.kernels.fpga.csim) against the numpy
+golden model (edgehft.kernels.fpga.reference) and LiteRT 2.3.0, bit for bit; the blob layout; the kernels'
 slot protocol; the KernelModel classes the emulated board runs; the HLS C testbenches under g++."""
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 
 from edgehft.errors import BoardUnavailableError
 from edgehft.ir.tflite_model import TFLiteModel
-from edgehft.kernels import blob as B
-from edgehft.kernels import params as P
-from edgehft.kernels import reference as R
-from edgehft.kernels.csim import (CSimDenseKernel, CSimLstmKernel, KernelLibrary, KernelStatusError, kernel_sources,
+from edgehft.kernels.fpga import blob as B
+from edgehft.kernels.fpga import params as P
+from edgehft.kernels.fpga import reference as R
+from edgehft.kernels.fpga.csim import (CSimDenseKernel, CSimLstmKernel, KernelLibrary, KernelStatusError, kernel_sources,
                                   write_testbench_vectors)
 from test_kernel_reference import (FC_MODE, PATHS, capture, deeplob_inputs, kernel_models, op_io,  # noqa: F401
                                    patch_scales, stress_inputs)

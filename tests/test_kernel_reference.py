@@ -23,8 +23,8 @@ import pytest
 
 from edgehft.bundle import load_bundle
 from edgehft.ir.tflite_model import TFLiteModel
-from edgehft.kernels import params as P
-from edgehft.kernels import reference as R
+from edgehft.kernels.fpga import params as P
+from edgehft.kernels.fpga import reference as R
 
 PATHS = ("AUTO", "BUILTIN_WITHOUT_DEFAULT_DELEGATES", "BUILTIN_REF")
 FC_MODE = {"AUTO": "fp32", "BUILTIN_WITHOUT_DEFAULT_DELEGATES": "ruy-x86", "BUILTIN_REF": "float64"}

@@ -13,7 +13,7 @@ import pytest
 
 from edgehft import runtime
 from edgehft.bundle import load_bundle
-from edgehft.checks import check_golden
+from edgehft.bundle_checks import check_golden
 from edgehft.compiler.pipeline import CompileOptions, compile_model
 from edgehft.report import Report
 

@@ -1,4 +1,4 @@
-"""edgehft's native CONV_2D kernel (edgehft/kernels/cpu_conv.cpp): TFLite CONV_2D semantics with bf16
+"""edgehft's native CONV_2D kernel (edgehft/kernels/cpu/cpu_conv.cpp): TFLite CONV_2D semantics with bf16
 operands and fp32 sums, on AMX tiles where this machine has them and on the portable loop everywhere.
 
 The reference is a float64 conv (zero padding as TFLite's SAME/VALID) of the bf16-rounded operands; the
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from edgehft.errors import DTypeError, ShapeError
-from edgehft.kernels import native_conv
-from edgehft.kernels.native_conv import NativeConv2D, geometry
+from edgehft.kernels.cpu import conv as native_conv
+from edgehft.kernels.cpu.conv import NativeConv2D, geometry
 
 pytestmark = pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="needs g++")
 

@@ -1,4 +1,4 @@
-"""The native CPU LSTM kernel (edgehft/kernels/cpu_lstm.cpp via edgehft.kernels.native_lstm).
+"""The native CPU LSTM kernel (edgehft/kernels/cpu/cpu_lstm.cpp via edgehft.kernels.cpu.lstm).
 
 Bounds. The kernel computes in fp32 with Eigen's rational tanh (max |error| 3.1e-7) and
 sigmoid = 0.5 + 0.5*tanh(x/2) (1.8e-7); h = o*tanh(c) lies in [-1, 1] and the forget gate is < 1, so
@@ -16,8 +16,8 @@ import pytest
 
 from conftest import ROOT, run_maker
 from edgehft.errors import BoardUnavailableError, DTypeError, InputError, ShapeError
-from edgehft.kernels import native_lstm
-from edgehft.kernels.native_lstm import NativeLSTM, activations
+from edgehft.kernels.cpu import lstm as native_lstm
+from edgehft.kernels.cpu.lstm import NativeLSTM, activations
 
 BOUND = 2e-6
 # The saturating case drives c to ~15 and back to ~0: fp32 rounding of c (ulp(15) = 9.5e-7) accumulates

@@ -1,12 +1,12 @@
-"""edgehft's native MAX_POOL_2D, CONCATENATION, FULLY_CONNECTED and SOFTMAX (edgehft/kernels/cpu_ops.cpp),
+"""edgehft's native MAX_POOL_2D, CONCATENATION, FULLY_CONNECTED and SOFTMAX (edgehft/kernels/cpu/cpu_ops.cpp),
 and the chain's slice views: against numpy versions of the TFLite reference kernels (pool and concat
 exactly, the fp32 sums to fp32 rounding)."""
 import numpy as np
 import pytest
 
 from edgehft.errors import DTypeError, ShapeError
-from edgehft.kernels.native_conv import geometry
-from edgehft.kernels.native_ops import NativeConcat, NativeDense, NativeMaxPool2D, NativeSoftmax
+from edgehft.kernels.cpu.conv import geometry
+from edgehft.kernels.cpu.ops import NativeConcat, NativeDense, NativeMaxPool2D, NativeSoftmax
 
 pytestmark = pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="needs g++")
 

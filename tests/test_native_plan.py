@@ -9,7 +9,7 @@ import pytest
 
 from edgehft import runtime
 from edgehft.bundle import load_bundle
-from edgehft.checks import check_golden
+from edgehft.bundle_checks import check_golden
 from edgehft.compiler import plans
 from edgehft.compiler.native import native_files
 from edgehft.compiler.pipeline import CompileOptions, compile_model
@@ -43,7 +43,7 @@ def test_native_plan_is_a_measured_candidate_and_the_bundle_runs_it(native_bundl
     b = load_bundle(native_bundle)
     rep = Report.model_validate_json((native_bundle / "report.json").read_text())
     measured = {m["plan"]: m for m in rep.plan["measured"]}
-    from edgehft.kernels.native_conv import amx_available
+    from edgehft.kernels.cpu.conv import amx_available
     assert set(measured) == {*plans.CANDIDATES, "native"} | ({"native-bf16"} if amx_available() else set())
     assert rep.plan["chosen"] == "native" and measured["native"]["drift_passed"]
     assert b.manifest.quantization.mode == "native" and b.manifest.artifacts["native"] == "native.json"

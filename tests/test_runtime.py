@@ -118,7 +118,7 @@ def test_runtime_imports_without_tensorflow(deeplob_bundle):
         "import numpy as np\n"
         "from edgehft import runtime\n"
         f"r = runtime.open({str(deeplob_bundle)!r})\n"
-        "from edgehft.checks import check_golden\n"
+        "from edgehft.bundle_checks import check_golden\n"
         "print(check_golden(r)['ok'])\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from edgehft import runtime
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
-from edgehft.checks import check_golden
+from edgehft.bundle_checks import check_golden
 from edgehft.cli import main
 from edgehft.deploy.deploy import deploy
 from edgehft.deploy.ssh import parse_target

@@ -5,7 +5,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgehft.boards import load_board
-from edgehft.partition.tensorrt import predict, tensorrt_report
+from edgehft.partition.jetson_predict import predict, tensorrt_report
 
 
 def _w(name, shape):

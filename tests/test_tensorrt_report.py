@@ -3,7 +3,7 @@ prediction (layer 3 of the Jetson backend's report; no GPU, no TensorRT here).
 
 The inspector outputs below are HAND-WRITTEN in the documented ``get_engine_information(LayerInformationFormat.JSON)``
 format (``{"Layers": [{"Name", "LayerType", "Inputs", "Outputs", "Metadata"}], "Bindings": [...]}``, see
-``edgehft.partition.tensorrt_confirmed``) to describe a plausible engine for the real DeepLOB and MLP ONNX that
+``edgehft.partition.jetson_confirmed``) to describe a plausible engine for the real DeepLOB and MLP ONNX that
 compile produces; they were NOT produced by a real engine. ``test_build_engine_cli_writes_the_record`` stands in
 for the builder (a monkeypatched ``build_engine``; ``tensorrt`` itself is never imported or faked) to exercise
 the command's record plumbing."""
@@ -18,7 +18,7 @@ from edgehft.boards import load_board
 from edgehft.bundle import load_bundle
 from edgehft.cli import main
 from edgehft.compiler.pipeline import CompileOptions, compile_model
-from edgehft.partition.tensorrt_confirmed import (apply_record, inspector_layers, layer_device, layer_nodes,
+from edgehft.partition.jetson_confirmed import (apply_record, inspector_layers, layer_device, layer_nodes,
                                                   record_for)
 from edgehft.report import Report
 from edgehft.toolchains import tensorrt as T

@@ -2,7 +2,7 @@
 // kernel, and the same source g++ builds into the host emulation's libedgehft_kernels.so.
 //
 // Control interface: bitstreams/kernels/interface.toml (ap_ctrl_hs on s_axilite, arguments from 0x10).
-// mode 0: copy weights [n_out][n_in] and the params blob (edgehft/kernels/blob.py) into slot `slot`.
+// mode 0: copy weights [n_out][n_in] and the params blob (edgehft/kernels/fpga/blob.py) into slot `slot`.
 // mode 1: y[r][o] = clamp(requantize(eff_bias[o] + sum_k W[o][k] x[r][k]) + out_zp, act_min, act_max)
 //         for r < rows, with the slot's weights; refused (y untouched) when the slot was never loaded
 //         or n_in / n_out disagree with what was loaded.
@@ -163,7 +163,7 @@ void dense_int8_top(uint32_t mode, uint32_t rows, uint32_t n_in, uint32_t n_out,
 }
 
 #ifndef __SYNTHESIS__
-// Host entry points of libedgehft_kernels.so (ctypes, edgehft/kernels/csim.py): the same kernel with
+// Host entry points of libedgehft_kernels.so (ctypes, edgehft/kernels/fpga/csim.py): the same kernel with
 // its status, and the fixed-point helpers for the tests. Not part of the synthesized IP.
 extern "C" {
 int32_t edgehft_dense_int8(uint32_t mode, uint32_t rows, uint32_t n_in, uint32_t n_out, const int8_t* weights,

@@ -1,7 +1,7 @@
 // edgehft int8 kernels: the fixed-point helpers of TFLite's int8 arithmetic, shared by dense_int8.cpp
 // and lstm_int8.cpp (Vitis HLS) and by the host emulation's libedgehft_kernels.so (g++).
 //
-// Bit-exact with the numpy golden model edgehft/kernels/reference.py, which is bit-exact with LiteRT
+// Bit-exact with the numpy golden model edgehft/kernels/fpga/reference.py, which is bit-exact with LiteRT
 // 2.3.0. Followed (written from the published algorithms, not copied):
 //   gemmlowp fixedpoint/fixedpoint.h: SaturatingRoundingDoublingHighMul, RoundingDivideByPOT,
 //     SaturatingRoundingMultiplyByPOT, exp_on_interval_between_negative_one_quarter_and_0_excl,
@@ -25,7 +25,7 @@
 
 namespace edgehft {
 
-// Requantization modes (params word 7 of the blob, edgehft/kernels/blob.py REQUANTIZE).
+// Requantization modes (params word 7 of the blob, edgehft/kernels/fpga/blob.py REQUANTIZE).
 enum Requantize : int32_t {
   RQ_GEMMLOWP = 0,  // RoundingDivideByPOT(SRDHM(x << left, M), right): TFLite common.cc, double rounding
   RQ_RUY_X86 = 1,   // SRDHM without saturation, then a shift rounding ties toward +inf (ruy x86)
@@ -40,7 +40,7 @@ enum Status : int32_t {
   ST_NOT_LOADED = 5, ST_SIZE_MISMATCH = 6, ST_BAD_REQUANTIZE = 7,
 };
 
-// Blob header (edgehft/kernels/blob.py): words common to both kernels.
+// Blob header (edgehft/kernels/fpga/blob.py): words common to both kernels.
 static const int32_t BLOB_MAGIC = 0x54464845;  // "EHFT" little-endian
 static const int32_t BLOB_VERSION = 1;
 static const int32_t BLOB_HEADER_WORDS = 32;

@@ -3,7 +3,7 @@
 // libedgehft_kernels.so.
 //
 // Control interface: bitstreams/kernels/interface.toml (ap_ctrl_hs on s_axilite, arguments from 0x10).
-// mode 0: copy weights [4 gates][n_hidden][n_in + n_hidden] and the params blob (edgehft/kernels/blob.py)
+// mode 0: copy weights [4 gates][n_hidden][n_in + n_hidden] and the params blob (edgehft/kernels/fpga/blob.py)
 //         into slot `slot`.
 // mode 1: run x [steps][n_in] -> y [steps][n_hidden] from TFLite's initial state (h = the output state's
 //         zero point, c = 0: the runtime resets LiteRT's variable tensors before every call); refused
@@ -200,7 +200,7 @@ void lstm_int8_top(uint32_t mode, uint32_t steps, uint32_t n_in, uint32_t n_hidd
 }
 
 #ifndef __SYNTHESIS__
-// Host entry points of libedgehft_kernels.so (ctypes, edgehft/kernels/csim.py). Not synthesized.
+// Host entry points of libedgehft_kernels.so (ctypes, edgehft/kernels/fpga/csim.py). Not synthesized.
 extern "C" {
 int32_t edgehft_lstm_int8(uint32_t mode, uint32_t steps, uint32_t n_in, uint32_t n_hidden, const int8_t* weights,
                           const int32_t* params, const int8_t* x, int8_t* y, uint32_t slot) {

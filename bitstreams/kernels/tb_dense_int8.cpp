@@ -3,8 +3,8 @@
 //
 //   tb_dense_int8 [VECTORS]      (default: tb_dense_int8.dat in the working directory)
 //
-// VECTORS is written by edgehft.kernels.csim.write_testbench_vectors from the numpy golden model
-// (edgehft/kernels/reference.py). For each case: mode 1 on a slot never loaded must leave y alone;
+// VECTORS is written by edgehft.kernels.fpga.csim.write_testbench_vectors from the numpy golden model
+// (edgehft/kernels/fpga/reference.py). For each case: mode 1 on a slot never loaded must leave y alone;
 // mode 0 loads the blob; mode 1 must reproduce the expected y bit for bit (twice in a row). Exit status:
 // 0 when every case passes, 1 when one fails, 2 when the file cannot be read.
 #include <cstdint>

@@ -3,8 +3,8 @@
 //
 //   tb_lstm_int8 [VECTORS]       (default: tb_lstm_int8.dat in the working directory)
 //
-// VECTORS is written by edgehft.kernels.csim.write_testbench_vectors from the numpy golden model
-// (edgehft/kernels/reference.py): per case one window (steps x n_in) and its expected output
+// VECTORS is written by edgehft.kernels.fpga.csim.write_testbench_vectors from the numpy golden model
+// (edgehft/kernels/fpga/reference.py): per case one window (steps x n_in) and its expected output
 // (steps x n_hidden), from TFLite's initial state. For each case: mode 1 on a slot never loaded must
 // leave y alone; mode 0 loads the blob; mode 1 must reproduce y bit for bit (twice in a row: the state
 // restarts on every call). Exit status: 0 when every case passes, 1 when one fails, 2 when the file cannot

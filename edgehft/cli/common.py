@@ -58,7 +58,7 @@ def _check_device(ctx, param, value):
     if value is None:
         return None
     from edgehft.errors import InputError
-    from edgehft.runtime.edgetpu_lib import parse_device
+    from edgehft.runtime.coral_device import parse_device
     try:
         parse_device(value)
     except InputError as exc:
@@ -73,24 +73,50 @@ overlay_opt = click.option("--overlay", default=None, type=click.Path(dir_okay=F
                                 "file's [runtime] overlay_dir.")
 
 
-def edgetpu_flag_opts(fn):
-    """``-m``, ``-a``, ``-i`` as edgetpu_compiler takes them (compile and report)."""
-    for opt in reversed((
-            click.option("--min-runtime", "-m", "min_runtime", type=click.IntRange(min=10), default=None,
-                         help="Edge TPU boards: edgetpu_compiler -m (default: the board's runtime version)."),
-            click.option("--allow-multiple-subgraphs", "-a", "multi", is_flag=True, default=None,
-                         help="Edge TPU boards: edgetpu_compiler -a (more subgraphs, more host<->TPU copies)."),
-            click.option("--intermediate-tensors", "-i", "cut", default=None,
-                         help="Edge TPU boards: edgetpu_compiler -i t1,t2 (end the Edge TPU part at these "
-                              "tensors)."))):
-        fn = opt(fn)
-    return fn
+def _board_option_sets() -> list:
+    """Every installed backend's :class:`~edgehft.board_options.BoardOptions` (a plugin whose options do not
+    load adds none: its boards then take none)."""
+    from edgehft import backends
+    try:
+        return [opts for _, opts in backends.stage_of_each("board_options")]
+    except Exception:                       # a broken plugin must not take the whole CLI down
+        return []
 
 
-def edgetpu_flags(min_runtime, multi, cut):
-    """The :class:`~edgehft.compiler.coral.EdgeTPUFlags` of those options (None: the board's value)."""
-    from edgehft.compiler.coral import EdgeTPUFlags
-    return EdgeTPUFlags(min_runtime, multi or None, tuple(c for c in cut.split(",") if c) if cut else None)
+def _click_option(o):
+    kinds = {"int": dict(type=click.IntRange(min=o.minimum)), "flag": dict(is_flag=True, default=None),
+             "file": dict(type=click.Path(exists=True, dir_okay=False)), "text": {}}
+    return click.option(*o.flags, o.dest, help=o.help, **{"default": None, **kinds.get(o.kind, {})})
+
+
+def board_opts(command: str):
+    """Decorator: every backend's own options (:mod:`edgehft.board_options`) that ``command`` takes, in
+    backend order; their values reach the command in its ``**board_values``."""
+    def add(fn):
+        for opts in reversed(_board_option_sets()):
+            for o in reversed(opts.options):
+                if command in o.commands:
+                    fn = _click_option(o)(fn)
+        return fn
+    return add
+
+
+def board_options_of(values: dict) -> dict:
+    """The ``board_options`` dict (``CompileOptions.board_options``, ``Partitioner.predict``) every backend
+    makes of the raw option ``values`` a command received (``{dest: value or None}``).
+
+    Raises:
+        InputError: a value a backend cannot use (exit 3).
+    """
+    found = {}
+    for opts in _board_option_sets():
+        found.update(opts.collect(values))
+    return found
+
+
+def board_flags_given(values: dict) -> list:
+    """The spellings of the board options the user gave, e.g. ``["-m", "-i"]``."""
+    return [f for opts in _board_option_sets() for f in opts.given(values)]
 
 
 def _keep_require_signature(ctx, param, value):

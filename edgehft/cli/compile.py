@@ -5,7 +5,7 @@ import json
 
 import click
 
-from edgehft.cli.common import edgetpu_flag_opts, edgetpu_flags, err, handles_errors, json_opt, main, out
+from edgehft.cli.common import board_options_of, board_opts, err, handles_errors, json_opt, main, out
 from edgehft.errors import EdgeHFTError
 
 @main.command("compile")
@@ -32,18 +32,14 @@ from edgehft.errors import EdgeHFTError
 @click.option("--lowering", type=click.Choice(["auto", "native"]), default="auto", show_default=True,
               help="native: no tf-keras rebuild and no pre-conversion checks; the graph goes to the "
                    "converter as is (diagnosis only).")
-@edgetpu_flag_opts
-@click.option("--edgetpu-model", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Edge TPU boards: MODEL's *_edgetpu.tflite, compiled on another machine; checked against "
-                   "MODEL and put in the bundle (verdict confirmed).")
+@board_opts("compile")
 @click.option("--sign", "sign_key", type=click.Path(exists=True, dir_okay=False), default=None, metavar="KEY",
               help="Sign the bundle's manifest with this SSH key (ssh-keygen -Y sign, namespace edgehft-bundle) "
                    "into manifest.json.sig; boxes with an allowed_signers file take only signed bundles.")
 @json_opt
 @handles_errors
 def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, drift_windows, golden_count,
-                drift_threshold, strict, timeout_s, lowering, min_runtime, multi, cut, edgetpu_model, sign_key,
-                as_json):
+                drift_threshold, strict, timeout_s, lowering, sign_key, as_json, **board_values):
     """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
     partition it, and write a bundle."""
     from edgehft.compiler.pipeline import CompileOptions, compile_model
@@ -51,11 +47,10 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
     if sign_key:
         from edgehft.signing import check_tool
         check_tool()                # a missing or too old ssh-keygen is said before the compile, not after
-    edgetpu = edgetpu_flags(min_runtime, multi, cut)
     opts = CompileOptions(board=board, quant=quant, features=features, calib_windows=calib_windows,
                           drift_windows=drift_windows, golden_count=golden_count,
                           drift_threshold=drift_threshold, strict=strict, timeout_s=timeout_s, lowering=lowering,
-                          edgetpu=edgetpu, edgetpu_model=edgetpu_model)
+                          board_options=board_options_of(board_values))
     if as_json:
         res = compile_model(model, list(calib), out_dir, opts)
     else:

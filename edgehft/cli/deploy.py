@@ -7,6 +7,7 @@ import sys
 import click
 from rich.table import Table
 
+from edgehft import backends
 from edgehft.cli.common import err, handles_errors, json_opt, main, out
 from edgehft.report import printable
 
@@ -162,11 +163,8 @@ def status_cmd(host, board, ssh_config, remote_python, install_dir, as_json):
                   highlight=False)
     out.print(f"  previous: {s['previous'] or 'none'}")
     out.print("  runtime: " + ", ".join(f"{k} {v}" for k, v in f["packages"].items()))
-    ident = [f"{k} {f[k]}" for k in ("pynq_board", "l4t", "device_tree_model") if f.get(k)]
-    tpus = f.get("edgetpu") or {}
-    if any(tpus.values()):
-        ident.append(f"Edge TPU usb {tpus.get('usb', 0)} pci {tpus.get('pci', 0)}")
-    out.print("  identity: " + (", ".join(ident) or "plain host (no PYNQ, Jetson or Edge TPU found)"))
+    ident = [line for _, identity in backends.stage_of_each("identity") for line in identity(f)]
+    out.print("  identity: " + printable(", ".join(ident) or "plain host (no accelerator board found)"), highlight=False)
     t = Table(title="versions on the box", title_justify="left")
     for col in ("version", "board", "model sha256", "deployed", ""):
         t.add_column(col, no_wrap=col == "version")

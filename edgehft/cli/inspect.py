@@ -8,8 +8,9 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from edgehft.cli.common import edgetpu_flag_opts, edgetpu_flags, handles_errors, json_opt, main, out
+from edgehft.cli.common import board_flags_given, board_options_of, board_opts, handles_errors, json_opt, main, out
 from edgehft.errors import InputError
+from edgehft.report import printable
 
 
 def _bundle_report(bundle, report_type):
@@ -35,7 +36,7 @@ def _bundle_report(bundle, report_type):
 @click.option("--cpu-model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="For a compiled *_edgetpu.tflite: the CPU model it was compiled from "
                    "(default: the sibling file without _edgetpu, when it exists).")
-@edgetpu_flag_opts
+@board_opts("report")
 @click.option("--tensors", "list_tensors", is_flag=True,
               help="For a .tflite: list its activation tensors (names for -i) with shape, dtype and producer.")
 @click.option("--engine-record", "engine_records", multiple=True, type=click.Path(exists=True, dir_okay=False),
@@ -43,7 +44,7 @@ def _bundle_report(bundle, report_type):
                    "copied here (default: the records in this machine's engine cache for the bundle's model).")
 @json_opt
 @handles_errors
-def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, engine_records, as_json):
+def report_cmd(path, board, cpu_model, list_tensors, engine_records, as_json, **board_values):
     """Show the op placement report of PATH: a bundle directory, a quantized .tflite (predicted
     partition for --board), a compiled *_edgetpu.tflite (what is inside the edgetpu-custom-op), or an
     .onnx model (predicted TensorRT parser support and DLA/GPU placement for a Jetson --board). For a Jetson
@@ -51,8 +52,8 @@ def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, en
     the prediction, with the disagreements."""
     from edgehft.report import print_report
     p = Path(path)
-    model_flags = [f for f, v in (("--board", board), ("--cpu-model", cpu_model), ("-m", min_runtime),
-                                  ("-a", multi), ("-i", cut), ("--tensors", list_tensors)) if v]
+    model_flags = [f for f, v in (("--board", board), ("--cpu-model", cpu_model)) if v]
+    model_flags += board_flags_given(board_values) + (["--tensors"] if list_tensors else [])
     if p.is_dir() and model_flags:
         raise click.UsageError(f"{', '.join(model_flags)} apply to a .tflite file; a bundle's report was fixed "
                                "when it was compiled (compile it again with other flags)")
@@ -64,16 +65,14 @@ def report_cmd(path, board, cpu_model, min_runtime, multi, cut, list_tensors, en
     suffix = ".onnx" if p.suffix == ".onnx" else ".tflite"       # any other file is read as a TFLite model
     if suffix == ".tflite":
         from edgehft.ir import TFLiteModel
-        from edgehft.ir.edgetpu_package import is_compiled
         model = TFLiteModel.from_file(p)
         if list_tensors:
             _print_tensors(model, as_json)
             return
-        if is_compiled(model):
-            _compiled_report(model, p, cpu_model, as_json)
+        if _shown_as_compiled(model, p, cpu_model, as_json):
             return
     spec, part = _predicting_board(board, suffix)
-    rep = part.predict(p, spec, edgetpu=edgetpu_flags(min_runtime, multi, cut))
+    rep = part.predict(p, spec, **board_options_of(board_values))
     if as_json:
         click.echo(json.dumps({"model": str(p), "report": rep.model_dump()}))
         return
@@ -96,6 +95,13 @@ def _show_bundle(path: Path, engine_records, as_json: bool) -> None:
         click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
         return
     print_report(rep, out, part.table or None)
+
+
+def _shown_as_compiled(model, path: Path, cpu_model: str | None, as_json: bool) -> bool:
+    """Whether some backend's ``compiled_report`` (:mod:`edgehft.backends`) recognised ``model`` as one compiled
+    for its accelerator, and showed what is inside (True), or none did (False: predict for it)."""
+    from edgehft import backends
+    return any(show(model, path, cpu_model, as_json) for _, show in backends.stage_of_each("compiled_report"))
 
 
 def _predicting_board(board: str | None, suffix: str):
@@ -127,62 +133,6 @@ def _predicting_board(board: str | None, suffix: str):
                      else "install a backend that predicts for such models")
 
 
-def _compiled_report(model, path: Path, cpu_model: str | None, as_json: bool) -> None:
-    from edgehft.compiler.coral import recorded_version
-    from edgehft.ir import TFLiteModel
-    from edgehft.partition.edgetpu import predict
-    from edgehft.partition.edgetpu_compiled import compare, read_compiled
-    sibling = path.with_name(path.name.replace("_edgetpu.tflite", ".tflite"))
-    src = Path(cpu_model) if cpu_model else (sibling if sibling != path and sibling.is_file() else None)
-    cpu = TFLiteModel.from_file(src) if src else None
-    placed = read_compiled(model, cpu)
-    result = {"model": str(path), "cpu_model": str(src) if src else None,
-              "min_runtime_version": placed.min_runtime_version,
-              "custom_ops": [{**vars(c), "compiler_version": recorded_version(c.compiler_version)}
-                             for c in placed.custom_ops], "layout": placed.layout}
-    agreement, why = None, {}
-    if cpu is not None:
-        part = predict(cpu)
-        why = {v.index: f"predicted: {v.status}" + (f" ({v.detail})" if v.detail else "") for v in part.ops}
-        agreement = compare(part, placed)
-        names = {op.index: op.name for op in cpu.main.ops}
-        result.update(cpu_ops=[{"index": k, "op": names[k]} for k in placed.cpu_ops],
-                      agreement={"ops": agreement.ops, "agree": agreement.agree,
-                                 "disagreements": agreement.disagreements,
-                                 "layout_equal": agreement.layout_equal})
-    if as_json:
-        click.echo(json.dumps(result))
-        return
-    out.print(f"[bold]{path.name}[/]: {len(placed.custom_ops)} edgetpu-custom-op(s), needs Edge TPU runtime "
-              f">= {placed.min_runtime_version}")
-    t = Table(title="compiled graph, in execution order", title_justify="left")
-    for c in ("#", "op", "runs on", "what"):
-        t.add_column(c)
-    for pos, item in enumerate(placed.layout):
-        if isinstance(item, str) and item.startswith("edgetpu:"):
-            c = placed.custom_ops[int(item.split(":")[1])]
-            inside = (f"{len(c.ops)} ops of the CPU model: " + _ranges(c.ops)) if cpu else "ops unknown " \
-                "(pass --cpu-model to list them)"
-            io = f"in {', '.join(str(tuple(i['shape'])) + ' ' + i['dtype'] for i in c.inputs)}; " \
-                 f"out {', '.join(str(tuple(o['shape'])) + ' ' + o['dtype'] for o in c.outputs)}"
-            t.add_row(str(pos), "edgetpu-custom-op", "Edge TPU",
-                      f"{inside}; {io}; compiler {_version(c.compiler_version)}, runtime >= {c.min_runtime_version}")
-        else:
-            label = f"#{item} {cpu.main.ops[item].name}" if isinstance(item, int) and cpu else str(item)
-            t.add_row(str(pos), label, "CPU", why.get(item, "") if isinstance(item, int) else "")
-    out.print(t)
-    if agreement is not None:
-        out.print(f"edgehft's prediction for {src.name}: {agreement.agree}/{agreement.ops} ops placed as the "
-                  f"compiler did; compiled layout {'identical' if agreement.layout_equal else 'differs'}")
-        for d in agreement.disagreements:
-            out.print(f"  [yellow]#{d['index']} {d['op']}[/]: predicted {d['predicted']}, compiled {d['actual']} "
-                      f"({d['status']} {d['detail']})")
-
-
-def _version(v: str | None) -> str:
-    return v if v and v.strip("cl/") else "version not recorded"
-
-
 def _print_tensors(model, as_json: bool) -> None:
     g = model.main
     rows = []
@@ -202,29 +152,21 @@ def _print_tensors(model, as_json: bool) -> None:
     out.print(t)
 
 
-def _ranges(ix: list[int]) -> str:
-    parts, start = [], None
-    for k, v in enumerate(ix):
-        if start is None:
-            start = v
-        if k + 1 == len(ix) or ix[k + 1] != v + 1:
-            parts.append(f"#{start}" if start == v else f"#{start}-#{v}")
-            start = None
-    return ", ".join(parts)
-
-
 @main.command("boards")
-@click.option("--probe", is_flag=True, help="Also list attached accelerators (Edge TPUs) on this machine.")
+@click.option("--probe", is_flag=True, help="Also list the accelerators (e.g. Edge TPUs) attached to this machine.")
 @json_opt
 @handles_errors
 def boards_cmd(probe, as_json):
-    """List the board catalog (and, with --probe, the Edge TPUs attached here)."""
+    """List the board catalog (and, with --probe, the accelerators attached here)."""
     from edgehft.boards import list_boards
     boards = list_boards()
-    found = None
+    found, lines = {}, []
     if probe:
-        from edgehft.runtime.edgetpu_lib import probe as edgetpu_probe
-        found = {"edgetpu": edgetpu_probe()}
+        from edgehft import backends
+        for _, attached in backends.stage_of_each("attached"):
+            data, text = attached()
+            found.update(data)
+            lines += text
     if as_json:
         click.echo(json.dumps({"boards": [b.model_dump() for b in boards], "probe": found} if probe else
                               [b.model_dump() for b in boards]))
@@ -236,15 +178,8 @@ def boards_cmd(probe, as_json):
         t.add_row(b.name, b.backend, ", ".join(b.quantization), str(b.latency_budget_us.get("p99", "")),
                   b.description)
     out.print(t)
-    if found:
-        e = found["edgetpu"]
-        if e.get("library"):
-            devs = ", ".join(f"{d['name']} ({d['path']})" for d in e.get("devices", [])) or "none attached"
-            out.print(f"Edge TPU runtime {e.get('runtime_version')} at {e['library']}: {devs}")
-        else:
-            out.print(f"Edge TPU: {e.get('error') or 'runtime library not installed'}")
-            if e.get("hint"):
-                out.print(f"  hint: {e['hint']}", highlight=False)
+    for line in lines:
+        out.print(printable(line), highlight=False)
 
 
 @main.command("build-engine")
@@ -263,7 +198,7 @@ def build_engine_cmd(bundle, dla_core, no_gpu_fallback, workspace_mib, as_json):
     `edgehft report BUNDLE` lays it next to the prediction. The bundle is not written: it still verifies."""
     from edgehft.boards import load_board
     from edgehft.bundle import load_bundle
-    from edgehft.partition.tensorrt_confirmed import record_for
+    from edgehft.partition.jetson_confirmed import record_for
     from edgehft.toolchains import tensorrt as T
     b = load_bundle(bundle)
     m = b.manifest

@@ -8,7 +8,7 @@ import click
 import numpy as np
 from rich.table import Table
 
-from edgehft.checks import bundle_windows, check_golden, golden_mismatch
+from edgehft.bundle_checks import bundle_windows, check_golden, golden_mismatch
 from edgehft.report import printable
 
 MAX_CALLS = 100_000_000       # timed calls a bench keeps (8 bytes each: 800 MB of latencies)

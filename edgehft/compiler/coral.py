@@ -14,23 +14,15 @@ from pathlib import Path
 from edgehft.boards import Board
 from edgehft.errors import InputError
 from edgehft.ir import TFLiteModel
-from edgehft.partition.edgetpu import EdgeTPUOptions
-from edgehft.partition.edgetpu_compiled import read_compiled
-from edgehft.partition.edgetpu_report import edgetpu_report
+from edgehft.partition.coral_predict import EdgeTPUOptions
+from edgehft.partition.coral_compiled import read_compiled
+from edgehft.partition.coral_options import EdgeTPUFlags, edgetpu_options
+from edgehft.partition.coral_report import edgetpu_report
 from edgehft.report import Report
 from edgehft.toolchains import edgetpu_compiler as etc
 
 # Int8 model I/O needs an Edge TPU runtime of at least this version; older runtimes take uint8.
 INT8_IO_MIN_RUNTIME = 12
-
-
-@dataclass
-class EdgeTPUFlags:
-    """Overrides of the board's ``[edgetpu]`` table (None: the board's value)."""
-
-    min_runtime_version: int | None = None
-    allow_multiple_subgraphs: bool | None = None
-    intermediate_tensors: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -41,22 +33,6 @@ class CoralResult:
     accelerator: dict = field(default_factory=dict)
     toolchain: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-
-
-def edgetpu_options(board: Board, flags: EdgeTPUFlags | None = None) -> EdgeTPUOptions:
-    """The compiler flags for ``board``: its ``[edgetpu]`` table, overridden by ``flags``."""
-    cfg = dict(getattr(board, "edgetpu", None) or {})
-    flags = flags or EdgeTPUFlags()
-    m = flags.min_runtime_version if flags.min_runtime_version is not None else int(cfg.get("min_runtime_version", 14))
-    a = flags.allow_multiple_subgraphs if flags.allow_multiple_subgraphs is not None else \
-        bool(cfg.get("allow_multiple_subgraphs", False))
-    i = flags.intermediate_tensors if flags.intermediate_tensors is not None else \
-        tuple(cfg.get("intermediate_tensors", ()))
-    runtime = int(board.runtime.get("edgetpu_runtime", m))
-    if m > runtime:
-        raise InputError(f"-m {m} is newer than the Edge TPU runtime {runtime} of board {board.name}",
-                         hint=f"pass -m {runtime} or lower, or update the board file if the boxes run newer")
-    return EdgeTPUOptions(min_runtime_version=m, allow_multiple_subgraphs=a, intermediate_tensors=tuple(i))
 
 
 def io_dtype(board: Board) -> str:

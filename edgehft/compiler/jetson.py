@@ -26,7 +26,7 @@ import numpy as np
 
 from edgehft.bundle import Golden, TensorSpec
 from edgehft.compiler.drift import measure_drift
-from edgehft.partition.tensorrt import tensorrt_report
+from edgehft.partition.jetson_predict import tensorrt_report
 from edgehft.report import Report
 
 

@@ -1,8 +1,8 @@
 """The native plans of the cpu board: a TFLite graph whose UNIDIRECTIONAL_SEQUENCE_LSTM ops run on
-edgehft's native LSTM kernel (:mod:`edgehft.kernels.native_lstm`), with ``convs=True`` also its CONV_2D ops
-on the native bf16 conv kernel (:mod:`edgehft.kernels.native_conv`, a following LEAKY_RELU fused) and the
+edgehft's native LSTM kernel (:mod:`edgehft.kernels.cpu.lstm`), with ``convs=True`` also its CONV_2D ops
+on the native bf16 conv kernel (:mod:`edgehft.kernels.cpu.conv`, a following LEAKY_RELU fused) and the
 MAX_POOL_2D / CONCATENATION / RESHAPE / STRIDED_SLICE / FULLY_CONNECTED / SOFTMAX ops fed by native steps
-on :mod:`edgehft.kernels.native_ops` (reshapes and contiguous slices as views), and
+on :mod:`edgehft.kernels.cpu.ops` (reshapes and contiguous slices as views), and
 every other op on LiteRT.
 
 The graph is cut (:func:`edgehft.compiler.split.split`) into LiteRT segment models between the native ops;
@@ -64,10 +64,10 @@ class ConvOp:
 
 def conv_ops(model_bytes: bytes) -> tuple[list[ConvOp], dict[int, str]]:
     """The CONV_2D ops of the main subgraph the native conv kernel takes (float32 activations, batch 1,
-    dilation 1, a geometry :func:`edgehft.kernels.native_conv.supported` accepts, constant weights), each
+    dilation 1, a geometry :func:`edgehft.kernels.cpu.conv.supported` accepts, constant weights), each
     with a directly following LEAKY_RELU fused when the conv's output feeds nothing else; and, per CONV_2D
     left on LiteRT, why."""
-    from edgehft.kernels.native_conv import supported
+    from edgehft.kernels.cpu.conv import supported
     s = schema()
     m = s.ModelT.InitFromPackedBuf(model_bytes, 0)
     g = m.subgraphs[0]

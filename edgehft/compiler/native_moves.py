@@ -1,5 +1,5 @@
 """The small ops of the native-bf16 plan (:mod:`edgehft.compiler.native`): MAX_POOL_2D, CONCATENATION,
-RESHAPE, STRIDED_SLICE, FULLY_CONNECTED and SOFTMAX run natively (:mod:`edgehft.kernels.native_ops`; reshapes
+RESHAPE, STRIDED_SLICE, FULLY_CONNECTED and SOFTMAX run natively (:mod:`edgehft.kernels.cpu.ops`; reshapes
 and contiguous slices as views) when every input they read comes from a native step or the graph's input,
 so a chain of native kernels is not cut by a LiteRT segment for them.
 """

@@ -18,7 +18,6 @@ from edgehft import __version__, backends
 from edgehft.boards import load_board
 from edgehft.bundle import (FORMAT_VERSION_FOR_PLAN, Bundle, Features, Manifest, Quantization, SourceModel,
                             TensorSpec, sha256_arrays, sha256_file, write_bundle)
-from edgehft.compiler import coral
 from edgehft.compiler.drift import measure_drift
 from edgehft.compiler.golden import golden_record, run_golden
 from edgehft.compiler.plans import NATIVE_PLANS
@@ -46,8 +45,9 @@ class CompileOptions:
     timeout_s: float = 1800.0
     lowering: str = "auto"                   # auto | native (Keras 3 graph as is; for diagnosis)
     seed: int = 0
-    edgetpu: "coral.EdgeTPUFlags | None" = None   # -m / -a / -i overrides for Coral boards
-    edgetpu_model: Path | None = None        # a *_edgetpu.tflite compiled elsewhere from this .tflite
+    # options only one board kind takes, as its backend's BoardOptions.collect makes them (edgehft.board_options),
+    # e.g. Coral's {"edgetpu": EdgeTPUFlags(...), "edgetpu_model": Path}
+    board_options: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -227,7 +227,7 @@ def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> li
     from edgehft.compiler.native import native_files
     from edgehft.compiler.plans import Candidate
     from edgehft.errors import BoardUnavailableError
-    from edgehft.kernels.native_conv import amx_available
+    from edgehft.kernels.cpu.conv import amx_available
     dyn, flt = work / "worker" / "model_dynamic.tflite", work / "worker" / "model_float.tflite"
     if not (dyn.is_file() and flt.is_file()):
         if only:

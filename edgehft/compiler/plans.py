@@ -11,12 +11,12 @@ candidate with what was measured. The full-int8 graph is kept in the bundle as `
 
 A fourth candidate, ``native`` (:mod:`edgehft.compiler.native`), joins when the model has LSTM ops the
 native kernel takes and g++ is here: the dynamic-range graph with each UNIDIRECTIONAL_SEQUENCE_LSTM run by
-:mod:`edgehft.kernels.native_lstm` in fp32 on the float conversion's weights, measured and gated like the
+:mod:`edgehft.kernels.cpu.lstm` in fp32 on the float conversion's weights, measured and gated like the
 others; its golden vectors come from that chain. A fifth, ``native-bf16``, joins on hosts that run
 AMX-BF16: the float graph with its CONV_2D ops and each LSTM's input projection on
-:mod:`edgehft.kernels.native_conv` (bf16 operands, fp32 sums), the LSTM recurrences on the native fp32
+:mod:`edgehft.kernels.cpu.conv` (bf16 operands, fp32 sums), the LSTM recurrences on the native fp32
 kernel and the pools, concatenations, reshapes, slices, Dense layers and softmaxes between them on
-:mod:`edgehft.kernels.native_ops`.
+:mod:`edgehft.kernels.cpu.ops`.
 """
 from __future__ import annotations
 

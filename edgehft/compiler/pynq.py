@@ -43,8 +43,8 @@ def pynq_stage(model_file: Path, board, kernels_by_op: dict[int, str], say=lambd
             (it is then a bug in the partition's checks: reported, not hidden).
     """
     from edgehft.compiler.split import split
-    from edgehft.kernels.blob import pack_fc, pack_lstm
-    from edgehft.kernels.params import fully_connected_params, lstm_params
+    from edgehft.kernels.fpga.blob import pack_fc, pack_lstm
+    from edgehft.kernels.fpga.params import fully_connected_params, lstm_params
     ir = TFLiteModel.from_file(model_file)
     g = ir.main
     rep = pynq_report(ir, board)

@@ -71,7 +71,8 @@ class CompilerStage:
 
     Attributes:
         plans_on_host: the board runs on this host's CPU, so ``--quant auto`` (timing plans here) applies.
-        takes_edgetpu_flags: the board takes ``-m``/``-a``/``-i``/``--edgetpu-model``.
+        board_option_keys: the ``CompileOptions.board_options`` keys it reads (its backend's
+            :class:`~edgehft.board_options.BoardOptions` ``keys``); any other is refused.
         golden_on_cpu: the pipeline makes golden vectors and drift on the cpu runtime before :meth:`build`
             (False: :meth:`build` makes them and returns the manifest).
         golden_may_be_missing: a model no LiteRT kernel path runs still compiles (its bundle says why it has
@@ -79,7 +80,7 @@ class CompilerStage:
     """
 
     plans_on_host = False
-    takes_edgetpu_flags = False
+    board_option_keys: tuple = ()
     golden_on_cpu = True
     golden_may_be_missing = False
 
@@ -87,11 +88,15 @@ class CompilerStage:
         """Refuse what does not apply to ``board`` before anything runs.
 
         Raises:
-            InputError: Edge TPU flags for a board whose stage does not take them.
+            InputError: board options of another board kind (the message names it and its options).
         """
-        flags = opts.edgetpu and any(v is not None for v in vars(opts.edgetpu).values())
-        if not self.takes_edgetpu_flags and (opts.edgetpu_model or flags):
-            raise InputError(f"-m/-a/-i/--edgetpu-model apply to Coral boards, not {board.name}")
+        foreign = set(opts.board_options) - set(self.board_option_keys)
+        if foreign:
+            from edgehft import backends
+            owners = [o for _, o in backends.stage_of_each("board_options") if foreign & set(o.keys)]
+            what = " and ".join(f"{o.spelled()} apply to {o.owner} boards" for o in owners) or \
+                f"board options {sorted(foreign)} do not apply"
+            raise InputError(f"{what}, not {board.name}")
 
     def worker_request(self, board, quant: str) -> dict:
         """Extra fields for the converter worker's request (merged over the pipeline's); none by default."""

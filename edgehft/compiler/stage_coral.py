@@ -10,7 +10,7 @@ class CoralStage(CompilerStage):
     """Edge TPU boards: they take the Edge TPU flags, the worker makes model I/O of the board's dtype, and
     a model LiteRT cannot run still gets its partition (the bundle says why it has no golden vectors)."""
 
-    takes_edgetpu_flags = True
+    board_option_keys = ("edgetpu", "edgetpu_model")     # edgehft.partition.coral_options
     golden_may_be_missing = True
 
     def worker_request(self, board, quant: str) -> dict:
@@ -19,8 +19,9 @@ class CoralStage(CompilerStage):
 
     def build(self, ctx: StageInput) -> StageOutput:
         """Partition/compile ``ctx.model_file``; the golden record's notes and warnings join the report."""
-        st = coral.coral_stage(ctx.model_file, ctx.work, ctx.board, ctx.opts.edgetpu, timeout_s=ctx.opts.timeout_s,
-                               compiled_model=ctx.opts.edgetpu_model, say=ctx.say)
+        given = ctx.opts.board_options
+        st = coral.coral_stage(ctx.model_file, ctx.work, ctx.board, given.get("edgetpu"), timeout_s=ctx.opts.timeout_s,
+                               compiled_model=given.get("edgetpu_model"), say=ctx.say)
         notes, warnings = coral.golden_notes(ctx.golden)
         st.report.notes += notes
         return StageOutput(st.report, files=dict(st.files), artifacts=st.artifacts, accelerator=st.accelerator,

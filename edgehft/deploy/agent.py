@@ -79,7 +79,7 @@ def emit(obj: dict) -> bool:
 def _golden(store, args) -> dict:
     from edgehft.deploy.store import failpoint
     from edgehft import runtime
-    from edgehft.checks import check_golden
+    from edgehft.bundle_checks import check_golden
     path = store.staged(args.version)
     opts = {"emulate": True} if args.emulate else {}
     with runtime.open(path, args.board, **opts) as r:

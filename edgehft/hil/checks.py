@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from edgehft import checks as _checks
+from edgehft import bundle_checks as _checks
 from edgehft.bench.replay import recorded_gaps, replay, spin_until, summarize_us
 from edgehft.errors import InputError
 
@@ -46,7 +46,7 @@ def _runner_info(runner) -> dict:
 
 
 def golden(runner) -> dict:
-    """The bundle's golden vectors on ``runner`` (see :func:`edgehft.checks.check_golden`).
+    """The bundle's golden vectors on ``runner`` (see :func:`edgehft.bundle_checks.check_golden`).
 
     Returns:
         ``{"check": "golden", "ok", "count", "matched", "compare", "max_diff", "atol", "path",

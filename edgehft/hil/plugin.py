@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from edgehft.errors import EdgeHFTError
-from edgehft.hil import report
+from edgehft.hil import summary
 from edgehft.hil.options import add_options, settings_from
 from edgehft.hil.target import Settings, make_target
 
@@ -110,11 +110,11 @@ class EdgehftCheck(pytest.Item):
         else:
             res = target.soak(**s.soak_options())
         state.results[self.check] = res
-        self.user_properties.append((f"edgehft_{self.check}", report.headline(res)))
+        self.user_properties.append((f"edgehft_{self.check}", summary.headline(res)))
         if res["ok"] is None:
-            pytest.skip(report.headline(res))
+            pytest.skip(summary.headline(res))
         if not res["ok"]:
-            raise CheckFailed(report.headline(res))
+            raise CheckFailed(summary.headline(res))
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, CheckFailed):
@@ -223,8 +223,8 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     title = (f"{name} on {s.board}" + (" — EMULATED" if s.emulate else "") + (f" at {s.host}" if s.host else "")
              + ("" if not state.described.get("interpreter") else f" ({state.described['interpreter']})"))
     markup, width = tr.hasmarkup, tr._tw.fullwidth
-    tr.write(report.summary_table(state.results, title, markup, width))
+    tr.write(summary.summary_table(state.results, title, markup, width))
     if "soak" in state.results:
-        tr.write(report.soak_table(state.results["soak"], markup, width))
+        tr.write(summary.soak_table(state.results["soak"], markup, width))
     if s.json_path:
         tr.write_line(f"JSON report: {s.json_path}")

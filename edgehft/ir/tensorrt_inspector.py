@@ -1,7 +1,7 @@
 """TensorRT's engine inspector output, read: per-layer device (DLA or GPU) and the ONNX nodes each layer runs.
 Ground floor (a vendor format, like the TFLite flatbuffer in :mod:`edgehft.ir.tflite_model`): used by the
 engine builder (:mod:`edgehft.toolchains.tensorrt`) and the confirmed report
-(:mod:`edgehft.partition.tensorrt_confirmed`); needs no GPU and no TensorRT.
+(:mod:`edgehft.partition.jetson_confirmed`); needs no GPU and no TensorRT.
 
 Inspector format (sources, checked late 2026; nothing here has read a real engine's output)
 ------------------------------------------------------------------------------------------

@@ -38,8 +38,9 @@ class Partitioner:
 
     def predict(self, model: Path, board, **board_options) -> Report:
         """The predicted placement of every op of the model file ``model`` on ``board``
-        (:class:`edgehft.boards.Board`); ``board_options`` are the CLI's board flags (``edgetpu``: the
-        ``-m/-a/-i`` values as :class:`~edgehft.compiler.coral.EdgeTPUFlags`), ignored by a backend that takes none.
+        (:class:`edgehft.boards.Board`); ``board_options`` are what the backends' own options
+        (:mod:`edgehft.board_options`) made of the CLI's flags, each read by the backend it belongs to
+        (Coral's ``edgetpu``: an :class:`~edgehft.partition.coral_options.EdgeTPUFlags`) and ignored by the others.
 
         Raises:
             InputError: the backend predicts nothing for this kind of model file (exit 3).

@@ -1,5 +1,5 @@
 """The coral backend's partitioner: the Edge TPU compiler's placement of a .tflite, predicted by edgehft's
-rules (:mod:`edgehft.partition.edgetpu`)."""
+rules (:mod:`edgehft.partition.coral_predict`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,10 +25,9 @@ class CoralPartitioner(Partitioner):
             InputError: not a valid .tflite, an ``-i`` tensor not in the model, or ``-m`` newer than the board's
                 Edge TPU runtime (exit 3).
         """
-        # edgetpu_options lives with the compiler's Coral step today; it reads only the board file and the flags
-        from edgehft.compiler.coral import edgetpu_options
         from edgehft.ir import TFLiteModel
-        from edgehft.partition.edgetpu_report import edgetpu_report
+        from edgehft.partition.coral_options import edgetpu_options
+        from edgehft.partition.coral_report import edgetpu_report
         opts = edgetpu_options(board, board_options.get("edgetpu"))
         return edgetpu_report(TFLiteModel.from_file(Path(model)), board.name, opts)
 

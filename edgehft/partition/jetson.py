@@ -1,6 +1,6 @@
 """The jetson backend's partitioner: TensorRT's ONNX parser support and DLA/GPU placement of an .onnx model,
-predicted by edgehft's tables (:mod:`edgehft.partition.tensorrt`), and confirmed by the engine inspector's
-placement records once ``build-engine`` ran (:mod:`edgehft.partition.tensorrt_confirmed`)."""
+predicted by edgehft's tables (:mod:`edgehft.partition.jetson_predict`), and confirmed by the engine inspector's
+placement records once ``build-engine`` ran (:mod:`edgehft.partition.jetson_confirmed`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,7 +22,7 @@ class JetsonPartitioner(Partitioner):
     def predict(self, model: Path, board, **board_options) -> Report:
         """The predicted TensorRT placement of every node of the ONNX file ``model`` as exported (precision
         "as exported"); ``board_options`` are ignored."""
-        from edgehft.partition.tensorrt import tensorrt_report
+        from edgehft.partition.jetson_predict import tensorrt_report
         return tensorrt_report(str(model), board, "as exported")
 
     def confirm(self, bundle, report: Report, records=()) -> Report:
@@ -32,7 +32,7 @@ class JetsonPartitioner(Partitioner):
         Raises:
             InputError: a named record that is unreadable or for another model.
         """
-        from edgehft.partition.tensorrt_confirmed import confirmed_report
+        from edgehft.partition.jetson_confirmed import confirmed_report
         return confirmed_report(bundle, report, records)
 
 

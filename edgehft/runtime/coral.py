@@ -21,8 +21,8 @@ from pathlib import Path
 from edgehft.errors import BoardUnavailableError, BundleError, EdgeHFTError, InputError
 from edgehft.ir.edgetpu_package import min_runtime_version as _package_min_runtime, read_packages
 from edgehft.ir.tflite_model import TFLiteModel
-from edgehft.runtime import cpu, edgetpu_lib, litert
-from edgehft.runtime.edgetpu_lib import describe_devices, library_name
+from edgehft.runtime import coral_device, cpu, litert
+from edgehft.runtime.coral_device import describe_devices, library_name
 
 ARTIFACT = "edgetpu_model"
 EMULATION_NOTE = ("the int8 model runs on this host's CPU (LiteRT int8 kernels for the CPU and the Edge TPU "
@@ -53,7 +53,7 @@ def runtime_too_old_error(runtime: int | None, required: int | None, library: st
 
 def no_device_error(devices: list[dict] | None, device: str | None, detail: str = "") -> BoardUnavailableError:
     """The error for no Edge TPU attached, or not the one ``device`` asks for (``devices`` as listed by
-    :func:`edgehft.runtime.edgetpu_lib.list_devices`; None when unknown)."""
+    :func:`edgehft.runtime.coral_device.list_devices`; None when unknown)."""
     want = f"Edge TPU {device!r}" if device else "an Edge TPU"
     seen = describe_devices(devices) if devices is not None else "unknown"
     return BoardUnavailableError(
@@ -114,7 +114,7 @@ class Runner(cpu.Runner):
                  emulate: bool = False, op_resolver: str = "auto"):
         runtime_cfg = getattr(board, "runtime", {}) or {}
         self.device = str(runtime_cfg.get("device", "") if device is None else device)
-        edgetpu_lib.parse_device(self.device)
+        coral_device.parse_device(self.device)
         self.emulated = bool(emulate)
         self._delegate = None
         if not self.emulated:
@@ -152,13 +152,13 @@ class Runner(cpu.Runner):
                                  else m.accelerator.get("compiler_version"))
         self.segments = len(packages)
 
-        self._lib = edgetpu_lib.load_library()                                   # (b)
-        self.library = edgetpu_lib.library_path(self._lib)
-        self.runtime_version = edgetpu_lib.runtime_version(self._lib)
+        self._lib = coral_device.load_library()                                   # (b)
+        self.library = coral_device.library_path(self._lib)
+        self.runtime_version = coral_device.runtime_version(self._lib)
         if self.min_runtime_version is not None and self.runtime_version < int(self.min_runtime_version):
             raise runtime_too_old_error(self.runtime_version, int(self.min_runtime_version), self.library)
-        self.devices = edgetpu_lib.list_devices(self._lib)                      # (d)
-        chosen = edgetpu_lib.find_device(self.devices, self.device)
+        self.devices = coral_device.list_devices(self._lib)                      # (d)
+        chosen = coral_device.find_device(self.devices, self.device)
         if chosen is None:
             raise no_device_error(self.devices, self.device)
         self.device_name = chosen["name"]
@@ -176,7 +176,7 @@ class Runner(cpu.Runner):
             self._delegate = mod.load_delegate(library_name(), options)
         except OSError as exc:
             raise BoardUnavailableError(f"the Edge TPU delegate could not load {library_name()}: {exc}",
-                                        hint=edgetpu_lib.INSTALL_HINT) from None
+                                        hint=coral_device.INSTALL_HINT) from None
         except (ValueError, RuntimeError, AttributeError) as exc:
             err = explain_interpreter_error(exc, **context) or no_device_error(self.devices, self.device,
                                                                                 f"{type(exc).__name__}: {exc}")

@@ -114,32 +114,32 @@ def _open_segment(root: Path, st: dict, threads: int, op_resolver: str, op_kerne
 def _open_kernel(root: Path, st: dict, portable: bool = False):
     kind = st["kind"]
     if kind == "conv2d":
-        from edgehft.kernels.native_conv import NativeConv2D
+        from edgehft.kernels.cpu.conv import NativeConv2D
         with np.load(root / st["weights"]) as w:
             k = NativeConv2D(w["weights"], w["bias"] if "bias" in w.files else None, st["in_hw"], st["channels"],
                              st["stride"], st["padding"], activation=st["activation"], alpha=st["alpha"],
                              portable=portable)
         return k, k.out
     if kind == "maxpool":
-        from edgehft.kernels.native_ops import NativeMaxPool2D
+        from edgehft.kernels.cpu.ops import NativeMaxPool2D
         k = NativeMaxPool2D(st["in_hw"], st["channels"], st["filter"], st["stride"], st["padding"], st["activation"])
         return k, k.out
     if kind == "concat":
-        from edgehft.kernels.native_ops import NativeConcat
+        from edgehft.kernels.cpu.ops import NativeConcat
         k = NativeConcat(st["input_shapes"], st["axis"])
         return k, k.out
     if kind == "fc":
-        from edgehft.kernels.native_ops import NativeDense
+        from edgehft.kernels.cpu.ops import NativeDense
         with np.load(root / st["weights"]) as w:
             k = NativeDense(w["weights"], w["bias"] if "bias" in w.files else None, st["rows"], st["shape"],
                             st["activation"])
         return k, k.out
     if kind == "softmax":
-        from edgehft.kernels.native_ops import NativeSoftmax
+        from edgehft.kernels.cpu.ops import NativeSoftmax
         k = NativeSoftmax(st["shape"], st["beta"])
         return k, k.out
     if kind == "lstm":
-        from edgehft.kernels.native_lstm import NativeLSTM
+        from edgehft.kernels.cpu.lstm import NativeLSTM
         with np.load(root / st["weights"]) as w:
             k = NativeLSTM([(w["kernel"], w["recurrent_kernel"], w["bias"])], st["timesteps"], True,
                            cell_clip=float(w["cell_clip"]), portable=portable)

@@ -121,7 +121,7 @@ class Runner(_Runner):
         if self.emulated:
             from edgehft.emulate import EmulatedPynqDevice, install, write_placeholder_bit
             from edgehft.emulate.hwh import write_emulation_hwh
-            from edgehft.kernels.csim import CSimDenseKernel, CSimLstmKernel, KernelLibrary
+            from edgehft.kernels.fpga.csim import CSimDenseKernel, CSimLstmKernel, KernelLibrary
             self._tmp = tempfile.TemporaryDirectory(prefix="edgehft-pynq-emu-")
             hwh = write_emulation_hwh(Path(board.path), _hwh_interface(), Path(self._tmp.name))
             lib = KernelLibrary()
@@ -177,7 +177,7 @@ class Runner(_Runner):
 
     def _step_problem(self, st: dict, limits: dict, slots: int) -> str | None:
         """What is wrong with one ``steps.json`` step (None when nothing is); see :meth:`_check_steps`."""
-        from edgehft.kernels.blob import REQUANTIZE
+        from edgehft.kernels.fpga.blob import REQUANTIZE
         if st["placement"] == "cpu":
             return None
         if st["placement"] != "fpga" or st["kernel"] not in limits:

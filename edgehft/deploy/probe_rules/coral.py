@@ -29,3 +29,25 @@ def probe(board, facts: dict) -> list[str]:
     if facts.get("edgetpu", {}).get(bus, 0) < 1:
         why.append(f"no Edge TPU on {bus.upper()} (found: {facts.get('edgetpu')})")
     return why
+
+
+def identity(facts: dict) -> list[str]:
+    """``["Edge TPU usb 1 pci 0"]`` when ``facts`` count an Edge TPU on either bus, else ``[]``."""
+    tpus = facts.get("edgetpu") or {}
+    return [f"Edge TPU usb {tpus.get('usb', 0)} pci {tpus.get('pci', 0)}"] if any(tpus.values()) else []
+
+
+def attached() -> tuple[dict, list[str]]:
+    """The Edge TPUs attached to this machine, through the installed runtime library
+    (:func:`edgehft.runtime.coral_device.probe`): ``({"edgetpu": probe}, lines)``, the lines naming the library,
+    its version and each device, or why there is none (and a hint)."""
+    from edgehft.runtime.coral_device import probe as edgetpu_probe
+    e = edgetpu_probe()
+    if e.get("library"):
+        devs = ", ".join(f"{d['name']} ({d['path']})" for d in e.get("devices", [])) or "none attached"
+        lines = [f"Edge TPU runtime {e.get('runtime_version')} at {e['library']}: {devs}"]
+    else:
+        lines = [f"Edge TPU: {e.get('error') or 'runtime library not installed'}"]
+        if e.get("hint"):
+            lines.append(f"  hint: {e['hint']}")
+    return {"edgetpu": e}, lines

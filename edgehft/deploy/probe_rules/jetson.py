@@ -37,3 +37,8 @@ def probe(board, facts: dict) -> list[str]:
     if l4t is not None and not all(w.lower() in model.lower().split() for w in words):
         why.append(f"module is {model or 'unknown'!r}, not a Jetson {' '.join(words)}")
     return why
+
+
+def identity(facts: dict) -> list[str]:
+    """``["l4t 36.4.0", "device_tree_model NVIDIA Jetson ..."]``: what ``facts`` say of an L4T system."""
+    return [f"{k} {facts[k]}" for k in ("l4t", "device_tree_model") if facts.get(k)]

@@ -27,3 +27,8 @@ def probe(board, facts: dict) -> list[str]:
         why.append(f"PYNQ board is {got or 'not set (no BOARD in the environment: not a PYNQ image)'}, "
                    f"{board.name} needs {want}")
     return why
+
+
+def identity(facts: dict) -> list[str]:
+    """``["pynq_board Pynq-Z2"]`` when ``facts`` name a PYNQ board, else ``[]``."""
+    return [f"pynq_board {facts['pynq_board']}"] if facts.get("pynq_board") else []

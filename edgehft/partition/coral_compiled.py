@@ -146,7 +146,7 @@ class Agreement:
 
 
 def compare(prediction, actual: CompiledPlacement) -> Agreement:
-    """Compare an :class:`~edgehft.partition.edgetpu.EdgeTPUPartition` with the real compiled model
+    """Compare an :class:`~edgehft.partition.coral_predict.EdgeTPUPartition` with the real compiled model
     (read with its CPU model)."""
     if actual.cpu_ops is None:
         raise ValueError("compare() needs read_compiled(compiled, cpu_model)")

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 
 from edgehft.ir.tflite_model import TFLiteModel
-from edgehft.partition import edgetpu_rules as R
-from edgehft.partition.edgetpu import EdgeTPUOptions, EdgeTPUPartition, predict
-from edgehft.partition.edgetpu_compiled import CompiledPlacement, compare
+from edgehft.partition import coral_rules as R
+from edgehft.partition.coral_predict import EdgeTPUOptions, EdgeTPUPartition, predict
+from edgehft.partition.coral_compiled import CompiledPlacement, compare
 from edgehft.report import OpPlacement, Report, Segment
 
 # CPU ops at the model's edges that are expected (the host (de)quantizes) rather than problems.

@@ -48,7 +48,7 @@ def quantize_multiplier(real: float, single_rounding: bool = False) -> tuple[int
     """``QuantizeMultiplier``: ``real ~= multiplier * 2^(shift - 31)`` with ``multiplier`` in
     ``[2^30, 2^31)`` (or 0). Returns ``(multiplier, shift)``; ``shift`` > 0 is a left shift.
     ``single_rounding``: a ``TFLITE_SINGLE_ROUNDING`` build, which saturates shifts above 30; LiteRT
-    2.3.0's x86 wheel is not one (see :mod:`edgehft.kernels.reference`)."""
+    2.3.0's x86 wheel is not one (see :mod:`edgehft.kernels.fpga.reference`)."""
     real = float(real)
     if real == 0.0:
         return 0, 0

@@ -1,5 +1,5 @@
 """The FPGA kernels' C++ (``bitstreams/kernels/*.cpp``), built with g++ and called through ctypes: what
-the emulated PYNQ board executes on ap_start, and the third view (after :mod:`edgehft.kernels.reference`
+the emulated PYNQ board executes on ap_start, and the third view (after :mod:`edgehft.kernels.fpga.reference`
 and LiteRT) the kernel tests compare bit for bit.
 
 :class:`KernelLibrary` builds ``libedgehft_kernels.so`` on first use into a cache directory
@@ -18,23 +18,22 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from edgehft.errors import BoardUnavailableError, EdgeHFTError
-from edgehft.kernels import blob as B
+from edgehft.kernels import cxx
+from edgehft.kernels.cxx import default_cache_dir
+from edgehft.kernels.fpga import blob as B
 
 LIBRARY_NAME = "libedgehft_kernels.so"
-CXXFLAGS = ("-O2", "-std=c++14", "-fPIC", "-shared", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas",
-            "-Wno-unused-label")
 STATUS = {0: "ok", 1: "bad mode", 2: "bad slot", 3: "sizes over the kernel's limits", 4: "params blob does not "
           "match the layout or the arguments", 5: "slot was never loaded (mode 1 before mode 0)",
           6: "sizes differ from the ones loaded in the slot", 7: "unknown requantize mode"}
-_ROOT = Path(__file__).resolve().parents[2]
-_PKG = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[3]
+_PKG = Path(__file__).resolve().parents[2]
 
 
 class KernelStatusError(EdgeHFTError):
@@ -54,35 +53,13 @@ def kernel_sources() -> Path:
                                 hint="run from a checkout of edgehft, or set EDGEHFT_KERNEL_SOURCES")
 
 
-def default_cache_dir() -> Path:
-    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    base = os.environ.get("EDGEHFT_CACHE") or xdg / "edgehft"
-    return Path(base) / "kernels"
-
-
 def build_library(out: Path | str, sources: Path | None = None, flags=()) -> Path:
-    """Compile every non-testbench ``*.cpp`` of ``sources`` into the shared library ``out`` (atomically)
-    with ``$CXX`` or ``g++`` from PATH. Raises :class:`BoardUnavailableError` without a compiler."""
-    src = Path(sources) if sources else kernel_sources()
-    cxx = shutil.which(os.environ.get("CXX", "g++"))
-    if cxx is None:
-        raise BoardUnavailableError("no C++ compiler to build the emulated FPGA kernels (g++ not on PATH)",
-                                    hint="install g++ (apt-get install g++), or pass KernelLibrary(path=...) a "
-                                         "libedgehft_kernels.so built elsewhere with delegates/build.py")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cpps = sorted(p for p in src.glob("*.cpp") if not p.name.startswith("tb_"))
-    fd, tmp = tempfile.mkstemp(prefix=out.name, dir=out.parent)
-    os.close(fd)
-    cmd = [cxx, *CXXFLAGS, *flags, f"-I{src}", *map(str, cpps), "-o", tmp]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        os.unlink(tmp)
-        raise BoardUnavailableError(f"building {out.name} failed: {' '.join(cmd)}\n{res.stderr[-3000:]}",
-                                    hint="the kernel sources must compile with g++ -std=c++14")
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, out)
-    return out
+    """Compile every non-testbench ``*.cpp`` of ``sources`` (default :func:`kernel_sources`) into the shared
+    library ``out`` (atomically), see :func:`edgehft.kernels.cxx.build_library`. Raises
+    :class:`BoardUnavailableError` without a compiler or on a failed build."""
+    return cxx.build_library(out, Path(sources) if sources else kernel_sources(), flags,
+                             no_compiler_hint="install g++ (apt-get install g++), or pass KernelLibrary(path=...) "
+                                              "a libedgehft_kernels.so built elsewhere with delegates/build.py")
 
 
 def _stale(lib: Path, src: Path) -> bool:

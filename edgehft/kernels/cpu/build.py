@@ -1,9 +1,9 @@
-"""Build and load edgehft's native CPU kernel libraries (``edgehft/kernels/cpu_*.cpp``), and the ctypes
+"""Build and load edgehft's native CPU kernel libraries (``edgehft/kernels/cpu/cpu_*.cpp``), and the ctypes
 kernel object they share.
 
 Each source is built on first use with ``$CXX`` / ``g++`` (flags after
-:data:`edgehft.kernels.csim.CXXFLAGS`, via :func:`edgehft.kernels.csim.build_library`) into
-:func:`edgehft.kernels.csim.default_cache_dir`, under a name keyed by the source's hash, the flags, the
+:data:`edgehft.kernels.cxx.CXXFLAGS`, via :func:`edgehft.kernels.cxx.build_library`) into
+:func:`edgehft.kernels.cxx.default_cache_dir`, under a name keyed by the source's hash, the flags, the
 compiler and the host CPU's feature flags, and loaded once per process. No g++, a failed build or load
 raises :class:`~edgehft.errors.BoardUnavailableError`.
 """
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from edgehft.errors import BoardUnavailableError
-from edgehft.kernels.csim import CXXFLAGS, build_library, default_cache_dir
+from edgehft.kernels.cxx import CXXFLAGS, build_library, default_cache_dir
 
 NATIVE_FLAGS = ("-O3", "-march=native", "-std=c++17")
 _LIBS: dict[tuple, ctypes.CDLL] = {}
@@ -55,7 +55,7 @@ def cached_library(source: Path, flags, cache_dir: Path | str | None = None) -> 
     if not path.is_file():
         if not source.is_file():
             raise BoardUnavailableError(f"the native kernel's source is missing ({source})",
-                                        hint=f"reinstall edgehft; the wheel ships edgehft/kernels/{source.name}")
+                                        hint=f"reinstall edgehft; the wheel ships edgehft/kernels/cpu/{source.name}")
         with tempfile.TemporaryDirectory(prefix="edgehft-native-src-") as d:
             shutil.copyfile(source, Path(d) / source.name)       # build_library compiles a directory
             build_library(path, Path(d), flags)

@@ -1,4 +1,4 @@
-"""edgehft's native MAX_POOL_2D, CONCATENATION, FULLY_CONNECTED and SOFTMAX (``edgehft/kernels/cpu_ops.cpp``)
+"""edgehft's native MAX_POOL_2D, CONCATENATION, FULLY_CONNECTED and SOFTMAX (``edgehft/kernels/cpu/cpu_ops.cpp``)
 through ctypes, for the native chain: after native convs and LSTMs they save a LiteRT segment (whose invoke,
 cold after the kernels, costs ~10 µs on this project's test host, more than the ops, and has the chain's
 longest tail: ~1.4 % of its invokes take over 100 µs there).
@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from edgehft.errors import DTypeError, ShapeError
-from edgehft.kernels.native_conv import geometry
-from edgehft.kernels.native_build import NATIVE_FLAGS, NativeKernel, cached_library
+from edgehft.kernels.cpu.conv import geometry
+from edgehft.kernels.cpu.build import NATIVE_FLAGS, NativeKernel, cached_library
 
 SOURCE = Path(__file__).resolve().parent / "cpu_ops.cpp"
 POOL_ACTIVATIONS = {"none": 0, "relu": 1, "relu_n1_to_1": 2, "relu6": 3}

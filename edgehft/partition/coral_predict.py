@@ -1,6 +1,6 @@
 """Predict what ``edgetpu_compiler`` maps to the Edge TPU, op by op, for a full-integer TFLite model.
 
-The model of the compiler (rules in :mod:`edgehft.partition.edgetpu_rules`):
+The model of the compiler (rules in :mod:`edgehft.partition.coral_rules`):
 
 1. Each op on its own: custom ops and ops outside the supported table are refused; then the data type
    rule (every activation tensor int8/uint8), the batch rule (batch-1 models only), the rank rule (only
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgehft.ir.tflite_model import OpInfo, TFLiteModel, source_layer
-from edgehft.partition import edgetpu_rules as R
+from edgehft.partition import coral_rules as R
 
 _INT8 = ("int8", "uint8")
 

@@ -1,4 +1,4 @@
-"""edgehft's native CPU CONV_2D kernel (``edgehft/kernels/cpu_conv.cpp``) through ctypes: TFLite CONV_2D
+"""edgehft's native CPU CONV_2D kernel (``edgehft/kernels/cpu/cpu_conv.cpp``) through ctypes: TFLite CONV_2D
 (NHWC, batch 1, dilation 1, SAME/VALID) with bfloat16 operands and fp32 sums, on AMX tiles where the CPU
 and the OS allow them (Intel Sapphire Rapids and later), else a portable loop with the same rounded operands.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from edgehft.errors import DTypeError, ShapeError
-from edgehft.kernels.native_build import NATIVE_FLAGS, NativeKernel, cached_library
+from edgehft.kernels.cpu.build import NATIVE_FLAGS, NativeKernel, cached_library
 
 SOURCE = Path(__file__).resolve().parent / "cpu_conv.cpp"
 ACTIVATIONS = {"none": 0, "relu": 1, "relu6": 2, "relu_n1_to_1": 3, "leaky_relu": 4}

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgehft.kernels.params import GATES, FullyConnectedParams, LstmParams
+from edgehft.kernels.fpga.params import GATES, FullyConnectedParams, LstmParams
 
 ROUNDING = "gemmlowp"    # MultiplyByQuantizedMultiplier of LiteRT 2.3.0's x86 build (LSTM, all paths)
 FC_REQUANTIZE = "ruy-x86"  # its optimized int8 FULLY_CONNECTED (BUILTIN_WITHOUT_DEFAULT_DELEGATES)

@@ -1,4 +1,4 @@
-"""edgehft's native CPU LSTM kernel (``edgehft/kernels/cpu_lstm.cpp``) through ctypes: Keras LSTM
+"""edgehft's native CPU LSTM kernel (``edgehft/kernels/cpu/cpu_lstm.cpp``) through ctypes: Keras LSTM
 forward in fp32, batch 1, one sequence, one or more stacked layers.
 
 Semantics are Keras / tf-keras ``LSTM`` with its defaults (activation ``tanh``, recurrent activation
@@ -16,7 +16,7 @@ registers over the whole k loop (wider layers: several column chunks), then the 
 The AVX-512F path is compiled when ``g++ -march=native`` targets it; otherwise (or with
 ``portable=True``) a plain C++ path with the same layout and approximations.
 
-The shared library is built on first use and cached (:mod:`edgehft.kernels.native_build`); no g++ or a
+The shared library is built on first use and cached (:mod:`edgehft.kernels.cpu.build`); no g++ or a
 failed build raises :class:`~edgehft.errors.BoardUnavailableError`.
 
     k = NativeLSTM([(kernel, recurrent_kernel, bias)], timesteps=100, return_sequences=False)
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from edgehft.errors import DTypeError, ShapeError
-from edgehft.kernels.native_build import NATIVE_FLAGS, NativeKernel, cached_library
+from edgehft.kernels.cpu.build import NATIVE_FLAGS, NativeKernel, cached_library
 
 SOURCE = Path(__file__).resolve().parent / "cpu_lstm.cpp"
 PORTABLE_FLAGS = ("-O3", "-march=native", "-mno-avx512f", "-std=c++17")

@@ -4,7 +4,7 @@ A :class:`KernelBlob` is what mode 0 of a kernel loads into an on-chip slot: ``w
 buffer at the ``weights`` argument) and ``params`` (int32 little-endian words, at ``params``), plus
 ``dims``, the scalar arguments of the calls (``n_in``/``n_out`` or ``n_in``/``n_hidden``, and
 ``rows``/``steps`` when given). The kernels take the op's integer parameters exactly as LiteRT's
-``Prepare()`` derives them (:mod:`edgehft.kernels.params`); nothing is recomputed on the fabric.
+``Prepare()`` derives them (:mod:`edgehft.kernels.fpga.params`); nothing is recomputed on the fabric.
 
 ``weights``: dense ``[n_out][n_in]`` (row-major, as TFLite stores FULLY_CONNECTED weights); LSTM
 ``[4 gates in GATES order: input, forget, cell, output][n_hidden][n_in + n_hidden]``: each row holds the
@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgehft.kernels.params import (GATES, FullyConnectedParams, LstmGateParams, LstmParams, fully_connected_params,
+from edgehft.kernels.fpga.params import (GATES, FullyConnectedParams, LstmGateParams, LstmParams, fully_connected_params,
                                     lstm_params)
 
 MAGIC = 0x54464845
@@ -166,7 +166,7 @@ def _header(kind: int, total: int, n_in: int, n_out: int, rounding: int) -> np.n
 def pack_fc(p: FullyConnectedParams, requantize: str, rows: int = 1) -> KernelBlob:
     """The dense kernel's blob for an int8 FULLY_CONNECTED, requantizing with ``requantize``
     (``"gemmlowp"``, ``"ruy-x86"``, ``"fp32"``, ``"single"`` or ``"float64"``: pick the mode of the
-    interpreter path the golden vectors come from, see :mod:`edgehft.kernels.reference`).
+    interpreter path the golden vectors come from, see :mod:`edgehft.kernels.fpga.reference`).
     ``rows``: the input rows of one call (``prod(x.shape) // n_in``; :func:`pack_op` derives it)."""
     code = _mode_code(requantize, REQUANTIZE)
     n_out, n_in = p.n_out, p.n_in
