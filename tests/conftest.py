@@ -1,7 +1,17 @@
-"""Shared fixtures. Models are built and compiled once per session (the converter is slow)."""
+"""Shared fixtures, the test groups and what tests need. Models are built and compiled once per session
+(the converter is slow).
+
+Groups: each test file lives in ``tests/<group>/`` and its tests get the group's marker (``pytest -m unit``,
+``pytest -m "not hw"``, or ``pytest tests/unit``); see GROUPS. A test that needs something this machine may
+lack says so with ``@pytest.mark.needs("g++", ...)`` (names in NEEDS) and is skipped with the reason here,
+said once, where it is missing.
+"""
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,11 +19,82 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 SHARED = ROOT.parent / "shared" / "data"
 DEEPLOB = ROOT / "examples" / "deeplob"
 FEED_DAY1 = DEEPLOB / "data" / "btcusd_perp_20240808_depth.gz"
 FEED_DAY2 = DEEPLOB / "data" / "btcusd_perp_20240809_depth.gz"
+BOARD_PY = ROOT / ".venv-board" / "bin" / "python"
+EDGETPU_PAIRS = SHARED / "edgetpu_pairs" / "google-coral__test_data"
+YAMNET = SHARED / "edgetpu_pairs" / "google-coral__coralmicro" / "yamnet_spectra_in_edgetpu.tflite"
+
+# tests/<group>/ -> what its tests need. The main venv runs all but ``board``; ``board`` runs in .venv-board.
+GROUPS = {
+    "unit": "the main venv only: no TensorFlow, no sshd, no board venv (g++ for the cpu board's native kernels)",
+    "compile": "TensorFlow: models are built and converted (the session fixtures here)",
+    "emulated": "emulated boards: PYNQ in the board venv with the kernels' C++ under g++, the FPGA kernels' "
+                "C simulation, Coral with LiteRT standing in for the TPU; models compiled with TensorFlow",
+    "deploy": "a real OpenSSH server on 127.0.0.1 (scripts/sshd.sh) and the board venv as the box's Python",
+    "hw": "a real board or accelerator (today: an NVIDIA GPU with TensorRT); skipped where it is absent",
+    "board": "the board venv itself (pynq 4.0, numpy < 2, no TensorFlow): .venv-board/bin/python -m pytest tests/board",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_probe() -> dict:
+    """edgehft.toolchains.tensorrt.probe_gpu() of this machine, asked once per session: ``{"gpus": int,
+    "error": str | None, ...}``."""
+    from edgehft.toolchains.tensorrt import probe_gpu
+    return probe_gpu()
+
+
+def _tensorrt() -> str | None:
+    probe = gpu_probe()
+    if probe["gpus"] and importlib.util.find_spec("tensorrt") is not None:
+        return None
+    return f"no NVIDIA GPU with TensorRT here ({probe['error'] or 'no tensorrt'})"
+
+
+# need -> () -> None where it is present, else the skip reason (one line, with the fix where there is one)
+NEEDS = {
+    "g++": lambda: None if shutil.which("g++") else "no g++: the C++ kernels are built here (apt-get install g++)",
+    "board-venv": lambda: None if BOARD_PY.exists() else ".venv-board missing: run scripts/board-venv.sh",
+    "edgetpu-pairs": lambda: None if EDGETPU_PAIRS.is_dir() else "../shared/data/edgetpu_pairs not present",
+    "yamnet-pair": lambda: None if YAMNET.is_file() else "coralmicro yamnet pair not present",
+    "tensorrt": _tensorrt,
+}
+
+
+def missing(need: str) -> str | None:
+    """Why ``need`` (a key of NEEDS) is missing on this machine, or None when it is present.
+
+    Raises KeyError naming the known needs for any other name (a typo must not silently skip or run)."""
+    if need not in NEEDS:
+        raise KeyError(f"unknown need {need!r}: say one of {', '.join(NEEDS)} (tests/conftest.py NEEDS)")
+    return NEEDS[need]()
+
+
+def group_of(path: Path) -> str | None:
+    """The group of a test file: the directory right under tests/ it lives in, if that is a group."""
+    try:
+        rel = Path(path).resolve().relative_to(TESTS)
+    except ValueError:                  # not under tests/ (pytester's own directories)
+        return None
+    return rel.parts[0] if len(rel.parts) > 1 and rel.parts[0] in GROUPS else None
+
+
+@pytest.hookimpl(tryfirst=True)        # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its directory's group, and skip it with the reason where a need is missing."""
+    for item in items:
+        group = group_of(item.path)
+        if group:
+            item.add_marker(group)
+        reasons = [why for mark in item.iter_markers("needs") for need in mark.args
+                   if (why := missing(need)) is not None]
+        if reasons:
+            item.add_marker(pytest.mark.skip(reason="; ".join(dict.fromkeys(reasons))))
 
 
 def run_maker(script: Path, out: Path, timeout: int = 600) -> Path:
@@ -47,6 +128,15 @@ def deeplob_bundle(tmp_path_factory) -> Path:
     from edgehft.compiler.pipeline import CompileOptions, compile_model
     out = tmp_path_factory.mktemp("bundles") / "deeplob.cpu"
     compile_model(DEEPLOB / "deeplob.keras", [FEED_DAY1], out, CompileOptions(board="cpu", quant="int8"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def deeplob_jetson(tmp_path_factory) -> Path:
+    """The shipped DeepLOB compiled for jetson-agx-orin (the ONNX model; the engine is built on a board)."""
+    from edgehft.compiler.pipeline import CompileOptions, compile_model
+    out = tmp_path_factory.mktemp("jetson-gpu") / "deeplob.jetson"
+    compile_model(DEEPLOB / "deeplob.keras", [FEED_DAY1], out, CompileOptions(board="jetson-agx-orin"))
     return out
 
 
