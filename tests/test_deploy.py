@@ -10,7 +10,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -19,54 +18,7 @@ from edgehft.bundle import MANIFEST, load_bundle, sha256_file
 from edgehft.bundle_checks import check_golden
 from edgehft.cli import main
 from edgehft.deploy.deploy import deploy
-from edgehft.deploy.ssh import parse_target
-
-
-def resign(src: Path, dst: Path, mutate=None, tag: str = "") -> Path:
-    """Copy bundle ``src`` to ``dst``, let ``mutate(dst)`` change files, then re-hash the manifest (so the
-    copy verifies) with ``tag`` in its creation time (so each copy is a distinct version)."""
-    shutil.copytree(src, dst)
-    if mutate:
-        mutate(dst)
-    m = json.loads((dst / MANIFEST).read_text())
-    m["files"] = {rel: sha256_file(dst / rel) for rel in m["files"]}
-    m["created_utc"] = m["created_utc"] + tag
-    (dst / MANIFEST).write_text(json.dumps(m, indent=1))
-    load_bundle(dst, verify=True)
-    return dst
-
-
-@pytest.fixture(scope="module")
-def bundles(deeplob_bundle, tmp_path_factory):
-    work = tmp_path_factory.mktemp("deploy-bundles")
-
-    def bad_golden(d: Path):
-        with np.load(d / "golden.npz") as z:
-            arrays = {k: z[k].copy() for k in z.files}
-        key = next(k for k in arrays if k.startswith("outputs/"))
-        arrays[key][3] = arrays[key][3] + 1         # window 3's first output off by one LSB
-        np.savez(d / "golden.npz", **arrays)
-
-    return {"v1": resign(deeplob_bundle, work / "v1", tag="v1"),
-            "v2": resign(deeplob_bundle, work / "v2", tag="v2"),
-            "bad_golden": resign(deeplob_bundle, work / "bad", bad_golden, tag="bad")}
-
-
-@pytest.fixture
-def box(ssh_box, tmp_path):
-    """(sshd, client config, an empty install dir for this test)."""
-    return ssh_box, ssh_box.config(f"ssh_config_{tmp_path.name}"), tmp_path / "install"
-
-
-def target(box, config=None, install=None):
-    sshd, cfg, root = box
-    return parse_target("box", python=sshd.python, install_dir=str(install or root), ssh_config=str(config or cfg))
-
-
-def cli(box, *args, config=None):
-    sshd, cfg, root = box
-    return CliRunner().invoke(main, [*args, "--ssh-config", str(config or cfg), "--remote-python", sshd.python,
-                                     "--install-dir", str(root)])
+from deploy_box import bundles, box, cli, deployed, resign, target, tiny_disk, wait_no_partial  # noqa: F401 (fixtures)
 
 
 def snapshot(root: Path) -> dict:
@@ -80,12 +32,6 @@ def serves(root: Path) -> dict:
     """Open the active bundle as a serving process would and run its golden vectors."""
     with runtime.open(root / "current") as r:
         return check_golden(r)
-
-
-def deployed(box, bundle) -> dict:
-    res = cli(box, "deploy", str(bundle), "--host", "box", "--json")
-    assert res.exit_code == 0, res.output
-    return json.loads(res.output)["results"][0]
 
 
 def test_deploy_status_rollback(box, bundles):
@@ -132,16 +78,6 @@ def serving_v1(box, bundles):
 def assert_unchanged(root: Path, before: dict) -> None:
     assert snapshot(root) == before
     assert serves(root)["ok"]
-
-
-def wait_no_partial(root: Path, timeout: float = 15.0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p.name for p in (root / "incoming").iterdir()] if (root / "incoming").is_dir() else []
-        if not left:
-            return left
-        time.sleep(0.2)
-    return left
 
 
 def test_connection_dropped_mid_transfer(box, bundles, serving_v1):
@@ -211,17 +147,6 @@ def test_agent_killed_right_after_the_switch(box, bundles, serving_v1):
     # the switch is one rename: the box runs the new, complete, verified version
     assert os.readlink(root / "current") == f"versions/{res.version}" and serves(root)["ok"]
     assert sha256_file(root / "current" / MANIFEST) == sha256_file(bundles["v2"] / MANIFEST)
-
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip()}); disk-full needs root")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_disk_full(box, bundles, tiny_disk):

@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from test_deploy import bundles, box, cli, deployed, target, tiny_disk, wait_no_partial  # noqa: F401 (fixtures)
 
 from edgehft import runtime
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
@@ -25,6 +24,7 @@ from edgehft.deploy.deploy import box_status, deploy, rollback
 from edgehft.deploy.ssh import agent_outcome, parse_target, ssh_argv
 from edgehft.deploy.store import Store
 from edgehft.errors import DeployError, RemoteError
+from deploy_box import bundles, box, cli, deployed, target, tiny_disk, wait_no_partial  # noqa: F401 (fixtures)
 
 
 def files_of(d: Path) -> dict:

@@ -18,8 +18,8 @@ from edgehft.kernels.fpga import params as P
 from edgehft.kernels.fpga import reference as R
 from edgehft.kernels.fpga.csim import (CSimDenseKernel, CSimLstmKernel, KernelLibrary, KernelStatusError, kernel_sources,
                                   write_testbench_vectors)
-from test_kernel_reference import (FC_MODE, PATHS, capture, deeplob_inputs, kernel_models, op_io,  # noqa: F401
-                                   patch_scales, stress_inputs)
+from kernel_io import (FC_MODE, PATHS, capture, deeplob_inputs, kernel_models, op_io,  # noqa: F401
+                       patch_scales, stress_inputs)
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++: the kernel library is C++ built here")
 

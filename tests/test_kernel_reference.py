@@ -5,59 +5,24 @@ before every invoke) and the golden model's output is compared with LiteRT's op 
 Measured: the int8 LSTM is bit-exact on all three resolver paths with gemmlowp double rounding; int8
 FULLY_CONNECTED is bit-exact per path with that path's requantization (``FC_MODE``).
 
-Run as a script (``python tests/test_kernel_reference.py OUTDIR``) this file builds the small tf-keras
-models of the stress tests, converted to full int8; the tests run it in a subprocess so TensorFlow stays
-out of the pytest process.
+The stress tests' small tf-keras models come from tests/make_kernel_models.py, run in a subprocess so
+TensorFlow stays out of the pytest process (the ``kernel_models`` fixture, tests/kernel_io.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
-import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from edgehft.bundle import load_bundle
 from edgehft.ir.tflite_model import TFLiteModel
 from edgehft.kernels.fpga import params as P
 from edgehft.kernels.fpga import reference as R
+from kernel_io import (FC_MODE, PATHS, capture, deeplob_inputs, kernel_models, op_io,  # noqa: F401 (a fixture)
+                       patch_scales, stress_inputs)
 
-PATHS = ("AUTO", "BUILTIN_WITHOUT_DEFAULT_DELEGATES", "BUILTIN_REF")
-FC_MODE = {"AUTO": "fp32", "BUILTIN_WITHOUT_DEFAULT_DELEGATES": "ruy-x86", "BUILTIN_REF": "float64"}
 FC_MODES = ("ruy-x86", "gemmlowp", "single", "float64", "fp32")
 slow = pytest.mark.slow
-
-
-def capture(model: str | Path | bytes, inputs: np.ndarray, kind: str, tensors) -> dict[int, np.ndarray]:
-    """Run ``inputs`` (raw, one window per row, no batch axis) through LiteRT on path ``kind`` and
-    return ``{tensor index: stacked values}`` for ``tensors`` (each window from reset variables)."""
-    from ai_edge_litert import interpreter as lit
-    src = {"model_content": bytes(model)} if isinstance(model, (bytes, bytearray)) else {"model_path": str(model)}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)       # "preserve_all_tensors is for debugging"
-        it = lit.Interpreter(**src, experimental_op_resolver_type=getattr(lit.OpResolverType, kind),
-                             experimental_preserve_all_tensors=True, num_threads=1)
-    it.allocate_tensors()
-    index = it.get_input_details()[0]["index"]
-    out = {t: [] for t in tensors}
-    for x in inputs:
-        it.set_tensor(index, x[None])
-        it.reset_all_variables()          # the LSTM state lives in variable tensors Invoke updates
-        it.invoke()
-        for t in tensors:
-            out[t].append(it.get_tensor(t)[0].copy())
-    return {t: np.stack(v) for t, v in out.items()}
-
-
-def op_io(model: TFLiteModel, names=("FULLY_CONNECTED", "UNIDIRECTIONAL_SEQUENCE_LSTM")):
-    """The ops to check and every tensor to capture: op input and output, LSTM state variables."""
-    ops = [op for op in model.main.ops if op.name in names]
-    states = [t for op in ops if op.name != "FULLY_CONNECTED" for t in op.inputs[18:20]]
-    return ops, sorted({t for op in ops for t in (op.inputs[0], op.outputs[0])} | set(states))
 
 
 def mismatching(out: np.ndarray, ref: np.ndarray) -> int:
@@ -66,21 +31,6 @@ def mismatching(out: np.ndarray, ref: np.ndarray) -> int:
 
 
 # ---- DeepLOB: 16 golden windows + 200 real windows from the shipped feed ----------------------------
-
-def deeplob_inputs(deeplob_bundle, deeplob_windows):
-    """``(bundle, model, inputs, lstm op, last FC op)``: the 16 golden windows plus 200 real windows spread
-    over the feed, quantized with the input's scale (round half away from zero, as TFLite's QUANTIZE)."""
-    bundle = load_bundle(deeplob_bundle)
-    model = TFLiteModel.from_file(bundle.model_path)
-    golden = bundle.golden()[0]["lob"]
-    spec = bundle.manifest.inputs[0]
-    x = deeplob_windows["x"][np.linspace(0, len(deeplob_windows["x"]) - 1, 200).astype(int)]
-    v = x.astype(np.float32) / np.float32(spec.scale[0])
-    q = np.clip(np.sign(v) * np.floor(np.abs(v) + 0.5) + spec.zero_point[0], -128, 127).astype(np.int8)
-    inputs = np.concatenate([golden, q.reshape(len(q), *golden.shape[1:])])
-    (lstm,) = [op for op in model.main.ops if op.name == "UNIDIRECTIONAL_SEQUENCE_LSTM"]   # op 31
-    fc = [op for op in model.main.ops if op.name == "FULLY_CONNECTED"][-1]                 # op 33
-    return bundle, model, inputs, lstm, fc
 
 
 @pytest.fixture(scope="module")
@@ -140,26 +90,6 @@ def test_deeplob_lstm_params(deeplob):
 
 # ---- stress: small tf-keras models, random and saturating int8 inputs, every path -------------------
 
-@pytest.fixture(scope="module")
-def kernel_models(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("kernel_models")
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
-    res = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out
-
-
-def stress_inputs(shape, n: int, seed: int) -> np.ndarray:
-    """Random int8 windows, plus all -128, all 127, alternating extremes and a step from -128 to 127."""
-    rng = np.random.default_rng(seed)
-    x = rng.integers(-128, 128, (n, *shape)).astype(np.int8)
-    x[0], x[1] = -128, 127
-    x[2] = np.where(np.indices(shape).sum(axis=0) % 2 == 0, 127, -128)
-    x[3] = 127
-    x[3][: shape[0] // 2] = -128
-    return x
-
 
 @slow
 @pytest.mark.parametrize("name, n", [("dense_pc", 2000), ("dense_pt", 2000), ("dense_lin", 2000),
@@ -183,20 +113,6 @@ def test_small_models_bit_exact(kernel_models, name, n, kind):
         if name.startswith("dense") and op.index == 0:
             assert model.main.tensors[op.inputs[0]].quant.zero_point[0] != 0      # asymmetric input
             assert P.fully_connected_params(model, op).per_channel == (name != "dense_pt")
-
-
-def patch_scales(data: bytes, scales: dict[int, float]) -> bytes:
-    """A copy of a .tflite with the quantization scales of some tensors overwritten in place."""
-    import tflite
-    buf = bytearray(data)
-    g = tflite.Model.GetRootAsModel(buf, 0).Subgraphs(0)
-    for t, s in scales.items():
-        if t < 0:                                           # an omitted optional input (no bias)
-            continue
-        q = g.Tensors(t).Quantization()
-        pos, n = q._tab.Vector(q._tab.Offset(8)), q.ScaleLength()       # field 2: scale
-        buf[pos:pos + 4 * n] = np.full(n, s, np.float32).tobytes()
-    return bytes(buf)
 
 
 @slow
@@ -281,49 +197,3 @@ def test_unsupported_ops_are_refused_by_name(deeplob):
     with pytest.raises(P.UnsupportedOpError, match="TANH"):
         P.fully_connected_params(model, dataclasses.replace(fc, options={**fc.options, "FusedActivationFunction": 4}))
 
-
-# ---- script: build the stress models (TensorFlow; run in a subprocess) ------------------------------
-
-def _build_models(out: Path) -> None:
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tensorflow as tf
-    import tf_keras as keras
-
-    out.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    keras.utils.set_random_seed(3)
-
-    def convert(model, calib, name, per_tensor_dense=False):
-        conv = tf.lite.TFLiteConverter.from_keras_model(model)
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        conv.representative_dataset = lambda: ([c[None].astype(np.float32)] for c in calib)
-        conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        conv.inference_input_type = conv.inference_output_type = tf.int8
-        if per_tensor_dense:
-            conv._experimental_disable_per_channel_quantization_for_dense_layers = True
-        (out / f"{name}.tflite").write_bytes(conv.convert())
-
-    inp = keras.Input((16,), batch_size=1)                  # Dense only: relu, relu6, none
-    h = keras.layers.Dense(24, activation="relu")(inp)      # zero bias: the converter drops it
-    d2, d3 = keras.layers.Dense(12, activation=tf.nn.relu6), keras.layers.Dense(5)
-    mlp = keras.Model(inp, d3(d2(h)))
-    for d in (d2, d3):                                      # nonzero biases for the others
-        w, b = d.get_weights()
-        d.set_weights([w, rng.normal(0.0, 0.3, b.shape).astype(np.float32)])
-    calib = rng.uniform(-0.5, 3.0, (64, 16)).astype(np.float32)   # asymmetric: nonzero input zero point
-    convert(mlp, calib, "dense_pc")
-    convert(mlp, calib, "dense_pt", per_tensor_dense=True)
-    inp = keras.Input((16,), batch_size=1)                  # one linear Dense: negative outputs kept
-    lin = keras.layers.Dense(8)
-    model = keras.Model(inp, lin(inp))
-    lin.set_weights([lin.get_weights()[0], rng.normal(0.0, 0.5, 8).astype(np.float32)])
-    convert(model, calib, "dense_lin")
-    calib = (rng.standard_normal((64, 20, 16)) * 1.5 + 0.3).astype(np.float32)
-    inp = keras.Input((20, 16), batch_size=1)
-    convert(keras.Model(inp, keras.layers.LSTM(32, return_sequences=True)(inp)), calib, "lstm_seq")
-    inp = keras.Input((20, 16), batch_size=1)
-    convert(keras.Model(inp, keras.layers.Dense(4)(keras.layers.LSTM(24)(inp))), calib, "lstm_dense")
-
-
-if __name__ == "__main__":
-    _build_models(Path(sys.argv[1]))

@@ -66,10 +66,7 @@ def test_bundle_runs_convs_and_lstm_projection_natively(bf16_bundle):
 def test_independent_chain_reproduces_the_golden_vectors(bf16_bundle):
     """LiteRT on each segment, float64 convs of bf16-rounded operands (the kernel's documented numerics)
     and a float64 Keras LSTM on the bf16 projection reproduce the bundle's golden outputs."""
-    from test_native_conv import bf16, reference_conv
-    from test_native_lstm import reference_lstm
-    from test_native_ops import reference_maxpool
-    from test_native_plan import run_segment
+    from native_reference import bf16, reference_conv, reference_lstm, reference_maxpool, run_segment
     b = load_bundle(bf16_bundle)
     graph = json.loads((bf16_bundle / "native.json").read_text())
     ins, outs = b.golden()

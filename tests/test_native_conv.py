@@ -10,41 +10,13 @@ import pytest
 
 from edgehft.errors import DTypeError, ShapeError
 from edgehft.kernels.cpu import conv as native_conv
-from edgehft.kernels.cpu.conv import NativeConv2D, geometry
+from edgehft.kernels.cpu.conv import NativeConv2D
+from native_reference import bf16, reference_conv
 
 pytestmark = pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="needs g++")
 
 AMX = native_conv.amx_available()
 PATHS = [True] + ([False] if AMX else [])          # portable, and AMX where this CPU runs it
-
-
-def bf16(a):
-    """Round float32 to bfloat16 (nearest even), returned as float32."""
-    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return u.astype(np.uint32).view(np.float32)
-
-
-def reference_conv(x, w, b, stride, padding, act="none", alpha=0.0):
-    """float64 TFLite CONV_2D: x (H, W, C), w (Co, kh, kw, C) -> (Ho, Wo, Co) and the sum of |products|."""
-    H, W, C = x.shape
-    Co, kh, kw, _ = w.shape
-    Ho, Wo, ph, pw = geometry((H, W), (kh, kw), stride, padding)
-    xp = np.zeros(((Ho - 1) * stride[0] + kh, (Wo - 1) * stride[1] + kw, C))
-    rows, cols = min(H, xp.shape[0] - ph), min(W, xp.shape[1] - pw)
-    xp[ph:ph + rows, pw:pw + cols] = x[:rows, :cols]
-    y = np.zeros((Ho, Wo, Co))
-    mag = np.zeros((Ho, Wo, Co))
-    for i in range(kh):
-        for j in range(kw):
-            patch = xp[i:i + (Ho - 1) * stride[0] + 1:stride[0], j:j + (Wo - 1) * stride[1] + 1:stride[1]]
-            y += patch @ w[:, i, j, :].T.astype(np.float64)
-            mag += np.abs(patch) @ np.abs(w[:, i, j, :].T.astype(np.float64))
-    if b is not None:
-        y += b
-    y = {"none": y, "relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6), "relu_n1_to_1": np.clip(y, -1, 1),
-         "leaky_relu": np.where(y > 0, y, alpha * y)}[act]
-    return y, mag
 
 
 GEOMETRIES = [   # (H, W, C, Co), (kh, kw), (sh, sw), padding: DeepLOB's convs and others

@@ -18,36 +18,10 @@ from conftest import ROOT, run_maker
 from edgehft.errors import BoardUnavailableError, DTypeError, InputError, ShapeError
 from edgehft.kernels.cpu import lstm as native_lstm
 from edgehft.kernels.cpu.lstm import NativeLSTM, activations
+from native_reference import BOUND, SAT_BOUND, reference_lstm, sigmoid
 
-BOUND = 2e-6
-# The saturating case drives c to ~15 and back to ~0: fp32 rounding of c (ulp(15) = 9.5e-7) accumulates
-# over 30 steps and survives the cancellation, so it gets its own bound (measured ~7e-6).
-SAT_BOUND = 3e-5
 X86 = platform.machine() in ("x86_64", "AMD64")
 ISAS = [False, pytest.param(True, marks=pytest.mark.skipif(not X86, reason="-mno-avx512f is an x86 flag"))]
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def reference_lstm(layers, x, return_sequences, cell_clip=0.0):
-    """Keras LSTM semantics in float64: z = x@W + h@U + b, gates i, f, c, o (c clamped to +-cell_clip
-    when > 0, as TFLite does)."""
-    X = np.asarray(x, np.float64)
-    for W, U, b in layers:
-        W, U, b = (np.asarray(a, np.float64) for a in (W, U, b))
-        H = U.shape[0]
-        h, c, seq = np.zeros(H), np.zeros(H), []
-        for t in range(X.shape[0]):
-            z = X[t] @ W + h @ U + b
-            c = _sigmoid(z[H:2 * H]) * c + _sigmoid(z[:H]) * np.tanh(z[2 * H:3 * H])
-            if cell_clip > 0:
-                c = np.clip(c, -cell_clip, cell_clip)
-            h = _sigmoid(z[3 * H:]) * np.tanh(c)
-            seq.append(h)
-        X = np.array(seq)
-    return X if return_sequences else X[-1]
 
 
 def random_layers(rng, in_size, hidden):
@@ -126,7 +100,7 @@ def test_activation_error(portable):
     th, sg = activations(x, portable)
     x64 = x.astype(np.float64)
     assert np.abs(th - np.tanh(x64)).max() < 4e-7
-    assert np.abs(sg - _sigmoid(x64)).max() < 2.5e-7
+    assert np.abs(sg - sigmoid(x64)).max() < 2.5e-7
 
 
 def test_run_reuses_one_buffer_and_accepts_batch_of_one(rng):

@@ -5,23 +5,10 @@ import numpy as np
 import pytest
 
 from edgehft.errors import DTypeError, ShapeError
-from edgehft.kernels.cpu.conv import geometry
 from edgehft.kernels.cpu.ops import NativeConcat, NativeDense, NativeMaxPool2D, NativeSoftmax
+from native_reference import reference_maxpool
 
 pytestmark = pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="needs g++")
-
-
-def reference_maxpool(x, f, stride, padding, act="none"):
-    """TFLite MAX_POOL_2D: max over the window clipped to the input. x (H, W, C) -> (Ho, Wo, C)."""
-    H, W, C = x.shape
-    Ho, Wo, ph, pw = geometry((H, W), f, stride, padding)
-    y = np.empty((Ho, Wo, C), np.float32)
-    for oy in range(Ho):
-        for ox in range(Wo):
-            y0, x0 = oy * stride[0] - ph, ox * stride[1] - pw
-            win = x[max(y0, 0):min(y0 + f[0], H), max(x0, 0):min(x0 + f[1], W)]
-            y[oy, ox] = win.max(axis=(0, 1))
-    return {"none": y, "relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6), "relu_n1_to_1": np.clip(y, -1, 1)}[act]
 
 
 @pytest.mark.parametrize("case", [((100, 1, 64), (3, 1), (1, 1), "SAME"), ((28, 28, 3), (2, 2), (2, 2), "VALID"),

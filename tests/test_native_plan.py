@@ -59,27 +59,12 @@ def test_native_plan_is_a_measured_candidate_and_the_bundle_runs_it(native_bundl
         assert g["ok"] and g["count"] == 16 and g["path"] == b.manifest.golden.reference_path
 
 
-def run_segment(bundle_dir, st: dict, env: dict, interpreters: dict) -> None:
-    """One native.json LiteRT step on ``env`` (tensor name -> array) with a plain LiteRT interpreter
-    (cached in ``interpreters`` by model file): the independent checks' stand-in for the runtime."""
-    from ai_edge_litert.interpreter import Interpreter
-    it = interpreters.get(st["model"])
-    if it is None:
-        it = interpreters[st["model"]] = Interpreter(model_path=str(bundle_dir / st["model"]), num_threads=1)
-        it.allocate_tensors()
-    for d in it.get_input_details():
-        it.set_tensor(d["index"], env[d["name"]].astype(d["dtype"]).reshape(d["shape"]))
-    it.invoke()
-    for d in it.get_output_details():
-        env[d["name"]] = it.get_tensor(d["index"])
-
-
 def test_native_chain_computes_segments_and_a_keras_lstm(native_bundle):
     """Independently of the runner: LiteRT on each segment and a float64 Keras-semantics LSTM (with the
     op's cell clip) on the stored weights reproduce the golden outputs."""
     import json
 
-    from test_native_lstm import reference_lstm
+    from native_reference import reference_lstm, run_segment
     b = load_bundle(native_bundle)
     graph = json.loads((native_bundle / "native.json").read_text())
     assert [s["kind"] for s in graph["steps"]] == ["litert", "lstm", "litert"]
