@@ -8,31 +8,20 @@ compiler disagree is listed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgehft.boards import Board
+from edgehft.compiler.stage import StageOutput
 from edgehft.errors import InputError
 from edgehft.ir import TFLiteModel
 from edgehft.partition.coral_predict import EdgeTPUOptions
 from edgehft.partition.coral_compiled import read_compiled
 from edgehft.partition.coral_options import EdgeTPUFlags, edgetpu_options
 from edgehft.partition.coral_report import edgetpu_report
-from edgehft.report import Report
 from edgehft.toolchains import edgetpu_compiler as etc
 
 # Int8 model I/O needs an Edge TPU runtime of at least this version; older runtimes take uint8.
 INT8_IO_MIN_RUNTIME = 12
-
-
-@dataclass
-class CoralResult:
-    report: Report
-    files: dict[str, Path] = field(default_factory=dict)     # extra bundle files
-    artifacts: dict[str, str] = field(default_factory=dict)
-    accelerator: dict = field(default_factory=dict)
-    toolchain: dict[str, str] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
 
 
 def io_dtype(board: Board) -> str:
@@ -68,7 +57,7 @@ def golden_notes(golden: dict) -> tuple[list[str], list[str]]:
 
 
 def coral_stage(model_file: Path, work: Path, board: Board, flags: EdgeTPUFlags | None = None, *,
-                timeout_s: float = 300.0, compiled_model: Path | None = None, say=lambda s: None) -> CoralResult:
+                timeout_s: float = 300.0, compiled_model: Path | None = None, say=lambda s: None) -> StageOutput:
     """Partition ``model_file`` (the int8 IR) for ``board``; compile it when ``edgetpu_compiler`` exists,
     or take ``compiled_model`` (that model's ``*_edgetpu.tflite``, compiled on another machine).
 
@@ -88,7 +77,7 @@ def coral_stage(model_file: Path, work: Path, board: Board, flags: EdgeTPUFlags 
         rep.notes.append("edgetpu_compiler is not on PATH: placements are predicted by edgehft's model of the "
                          "compiler, and the bundle holds no compiled model (a real Edge TPU needs it; "
                          "--emulate runs the int8 graph on the CPU). " + etc.INSTALL_HINT)
-        return CoralResult(rep, accelerator={"flags": opts.flags(), "compiled": False})
+        return StageOutput(rep, accelerator={"flags": opts.flags(), "compiled": False})
     say(f"edgetpu_compiler {' '.join(opts.flags())}")
     run = etc.run_compiler(model_file, work / "edgetpu", opts.flags(), executable=exe, timeout_s=timeout_s)
     compiled = TFLiteModel.from_file(run.compiled_model)
@@ -102,12 +91,12 @@ def coral_stage(model_file: Path, work: Path, board: Board, flags: EdgeTPUFlags 
                 + ", ".join(f"#{d['index']} {d['op']}" for d in rep.disagreements)] if rep.disagreements else []
     acc = {"flags": opts.flags(), "compiled": True, "min_runtime_version": actual.min_runtime_version,
            "compiler_version": run.output.version or recorded_version(actual.custom_ops[0].compiler_version)}
-    return CoralResult(rep, files={"model_edgetpu.tflite": run.compiled_model},
+    return StageOutput(rep, files={"model_edgetpu.tflite": run.compiled_model},
                        artifacts={"edgetpu_model": "model_edgetpu.tflite"}, accelerator=acc,
                        toolchain={"edgetpu_compiler": run.output.version or "unknown"}, warnings=warnings)
 
 
-def _given_compiled(ir: TFLiteModel, board: Board, opts: EdgeTPUOptions, path: Path, say) -> CoralResult:
+def _given_compiled(ir: TFLiteModel, board: Board, opts: EdgeTPUOptions, path: Path, say) -> StageOutput:
     from edgehft.ir.edgetpu_package import is_compiled
     say(f"check the given compiled model {path.name} against the int8 model")
     compiled = TFLiteModel.from_file(path)
@@ -127,5 +116,5 @@ def _given_compiled(ir: TFLiteModel, board: Board, opts: EdgeTPUOptions, path: P
     acc = {"flags": None, "compiled": True, "min_runtime_version": actual.min_runtime_version,
            "compiler_version": recorded_version(actual.custom_ops[0].compiler_version),
            "compiled_elsewhere": path.name}
-    return CoralResult(rep, files={"model_edgetpu.tflite": path}, artifacts={"edgetpu_model": "model_edgetpu.tflite"},
+    return StageOutput(rep, files={"model_edgetpu.tflite": path}, artifacts={"edgetpu_model": "model_edgetpu.tflite"},
                        accelerator=acc, toolchain={"edgetpu_compiler": "elsewhere"}, warnings=warnings)

@@ -19,26 +19,14 @@ times the export's measured difference against Keras, at least 1e-3 for fp16 and
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from edgehft.bundle import Golden, TensorSpec
+from edgehft.bundle import Golden, Manifest, TensorSpec
 from edgehft.compiler.drift import measure_drift
+from edgehft.compiler.stage import StageInput, StageOutput
 from edgehft.partition.jetson_predict import tensorrt_report
-from edgehft.report import Report
-
-
-@dataclass
-class JetsonResult:
-    report: Report
-    model_file: str
-    files: dict
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
-    golden: Golden
-    warnings: list[str]
 
 
 # --quant int8: the Q/DQ ONNX against the int8 TFLite model (softmax probabilities for DeepLOB; measured
@@ -81,32 +69,55 @@ def tflite_outputs(tflite_path: Path, windows: np.ndarray) -> list[np.ndarray]:
     return res
 
 
-def jetson_stage(work: Path, info: dict, quant: str, board, held: np.ndarray, float_outs, golden_count: int,
-                 drift_threshold: float, in_name: str, out_names: list[str]) -> JetsonResult:
-    """Bundle pieces for ``board`` from the worker's ONNX outputs in ``work / "worker"``."""
-    if quant == "int8":
-        return _int8_stage(work, info, board, held, float_outs, golden_count, drift_threshold, in_name,
-                           out_names)
+def jetson_stage(ctx: StageInput) -> StageOutput:
+    """The bundle's ONNX model, golden vectors, report and manifest for ``ctx.board`` from the worker's ONNX
+    export in ``ctx.work / "worker"`` (float32, fp16, or, for ``int8``, the Q/DQ ONNX made here).
+
+    Raises:
+        OnnxCheckError / LoweringError: the export or the Q/DQ insertion failed its checks.
+    """
+    return (_int8_stage if ctx.quant == "int8" else _float_stage)(ctx)
+
+
+def _golden(ctx: StageInput, ys: list, reference: str, atol: float):
+    """(inputs, outputs, Golden, golden.npz bytes): the first ``golden_count`` held-out windows and the
+    candidate's outputs ``ys`` on them, float32 I/O named as the worker exported them."""
+    held, in_name, out_names = ctx.held, ctx.info["input_names"][0], ctx.info["output_names"]
+    g = min(ctx.opts.golden_count, len(held))
+    inputs = [TensorSpec(name=in_name, index=0, shape=[1, *held.shape[1:]], dtype="float32")]
+    outputs = [TensorSpec(name=n, index=k, shape=[1, *y.shape[1:]], dtype="float32")
+               for k, (n, y) in enumerate(zip(out_names, ys))]
+    golden = Golden(count=g, reference_path=reference, compare="allclose", atol=atol)
+    buf = io.BytesIO()
+    arrays = {f"inputs/{in_name}": held[:g].astype(np.float32)}
+    arrays.update({f"outputs/{o.name}": y[:g].astype(np.float32) for o, y in zip(outputs, ys)})
+    np.savez(buf, **arrays)
+    return inputs, outputs, golden, buf.getvalue()
+
+
+def _output(ctx: StageInput, report, name: str, model_path: Path, pieces, warnings) -> StageOutput:
+    """The stage's result: the model and golden.npz as bundle files, and the manifest they make."""
+    inputs, outputs, golden, npz = pieces
+    manifest = Manifest(board=ctx.board.name, backend=ctx.board.backend, model_file=name, source=ctx.source,
+                        quantization=ctx.quantization, inputs=inputs, outputs=outputs, golden=golden)
+    return StageOutput(report, files={name: model_path, "golden.npz": npz}, warnings=warnings, manifest=manifest)
+
+
+def _float_stage(ctx: StageInput) -> StageOutput:
+    work, info, quant, board = ctx.work, ctx.info, ctx.quant, ctx.board
     variant = "float16" if quant == "fp16" else "float32"
     entry = info["onnx"][variant]
     onnx_path = work / "worker" / entry["file"]
     with np.load(work / "worker" / entry["outputs_file"]) as z:
         onnx_outs = [z[f"out{k}"] for k in range(len(z.files))]
-    g = min(golden_count, len(held))
-    inputs = [TensorSpec(name=in_name, index=0, shape=[1, *held.shape[1:]], dtype="float32")]
-    outputs = [TensorSpec(name=n, index=k, shape=[1, *y.shape[1:]], dtype="float32")
-               for k, (n, y) in enumerate(zip(out_names, onnx_outs))]
     measured = float(entry["vs_keras"]["max_abs_diff"])
     atol = max(4 * measured, 1e-3 if variant == "float16" else 1e-5)
-    golden = Golden(count=g, reference_path=f"onnxruntime CPU ({variant} ONNX)", compare="allclose", atol=atol)
-    buf = io.BytesIO()
-    arrays = {f"inputs/{in_name}": held[:g].astype(np.float32)}
-    arrays.update({f"outputs/{o.name}": y[:g].astype(np.float32) for o, y in zip(outputs, onnx_outs)})
-    np.savez(buf, **arrays)
+    pieces = _golden(ctx, onnx_outs, f"onnxruntime CPU ({variant} ONNX)", atol)
+    golden, g = pieces[2], pieces[2].count
     report = tensorrt_report(str(onnx_path), board, quant)
     from edgehft.compiler.onnx_check import softmax_outputs
-    report.drift = measure_drift(float_outs, onnx_outs, out_names, softmax_outputs(onnx_path),
-                                 drift_threshold, reference=f"Keras float model ({info['flavour']})",
+    report.drift = measure_drift(ctx.float_outs, onnx_outs, ctx.info["output_names"], softmax_outputs(onnx_path),
+                                 ctx.opts.drift_threshold, reference=f"Keras float model ({info['flavour']})",
                                  candidate=f"{variant} ONNX on onnxruntime")
     report.golden = {"count": g, "reference_path": golden.reference_path, "atol": atol,
                      "export_vs_keras_max_abs": measured}
@@ -115,13 +126,12 @@ def jetson_stage(work: Path, info: dict, quant: str, board, held: np.ndarray, fl
                         f"{'1e-3' if variant == 'float16' else '1e-5'}). Nothing here ran on NVIDIA hardware.")
     warnings = [] if report.drift.passed else [f"drift over the gate for the {variant} ONNX"]
     name = "model.onnx" if variant == "float32" else "model_fp16.onnx"
-    return JetsonResult(report, name, {name: onnx_path, "golden.npz": buf.getvalue()}, inputs, outputs, golden,
-                        warnings)
+    return _output(ctx, report, name, onnx_path, pieces, warnings)
 
 
 
-def _int8_stage(work: Path, info: dict, board, held, float_outs, golden_count, drift_threshold, in_name,
-                out_names) -> JetsonResult:
+def _int8_stage(ctx: StageInput) -> StageOutput:  # long: the Q/DQ checks and the note that states them
+    work, info, board, held = ctx.work, ctx.info, ctx.board, ctx.held
     from edgehft.compiler.onnx_check import diff_figures, run_onnx, softmax_outputs
     from edgehft.compiler.onnx_qdq import insert_qdq
     src = work / "worker" / info["onnx"]["float32"]["file"]
@@ -135,18 +145,10 @@ def _int8_stage(work: Path, info: dict, board, held, float_outs, golden_count, d
     vs_tfl.update(tolerance={"max_abs_diff": QDQ_VS_TFLITE_MAX_ABS, "argmax_agreement": QDQ_VS_TFLITE_ARGMAX},
                   passed=vs_tfl["max_abs_diff"] <= QDQ_VS_TFLITE_MAX_ABS
                   and (agree is None or agree >= QDQ_VS_TFLITE_ARGMAX))
-    g = min(golden_count, len(held))
-    inputs = [TensorSpec(name=in_name, index=0, shape=[1, *held.shape[1:]], dtype="float32")]
-    outputs = [TensorSpec(name=n, index=k, shape=[1, *y.shape[1:]], dtype="float32")
-               for k, (n, y) in enumerate(zip(out_names, ys))]
-    golden = Golden(count=g, reference_path="onnxruntime CPU (int8 Q/DQ ONNX, Q/DQ computed in float)",
-                    compare="allclose", atol=QDQ_GOLDEN_ATOL)
-    buf = io.BytesIO()
-    arrays = {f"inputs/{in_name}": held[:g].astype(np.float32)}
-    arrays.update({f"outputs/{o.name}": y[:g].astype(np.float32) for o, y in zip(outputs, ys)})
-    np.savez(buf, **arrays)
+    pieces = _golden(ctx, ys, "onnxruntime CPU (int8 Q/DQ ONNX, Q/DQ computed in float)", QDQ_GOLDEN_ATOL)
+    golden, g = pieces[2], pieces[2].count
     report = tensorrt_report(str(qdq_path), board, "int8")
-    report.drift = measure_drift(float_outs, ys, out_names, soft, drift_threshold,
+    report.drift = measure_drift(ctx.float_outs, ys, ctx.info["output_names"], soft, ctx.opts.drift_threshold,
                                  reference=f"Keras float model ({info['flavour']})",
                                  candidate="int8 Q/DQ ONNX on onnxruntime")
     summary = {k: fig[k] for k in ("qdq_pairs", "weights_per_channel", "weight_scales", "activations", "matched",
@@ -171,5 +173,4 @@ def _int8_stage(work: Path, info: dict, board, held, float_outs, golden_count, d
         warnings.append(f"the int8 Q/DQ ONNX differs from the int8 TFLite model beyond the tolerance: max |diff| "
                         f"{vs_tfl['max_abs_diff']:.3g}, argmax agreement {agree}")
     name = "model_int8_qdq.onnx"
-    return JetsonResult(report, name, {name: qdq_path, "golden.npz": buf.getvalue()}, inputs, outputs, golden,
-                        warnings)
+    return _output(ctx, report, name, qdq_path, pieces, warnings)

@@ -82,7 +82,6 @@ def _check_no_loops(ir: TFLiteModel, layers: list) -> None:
     raise LoweringError(f"{which} lowered to a TFLite WHILE loop, not a fused sequence op", hint=fix)
 
 
-# long: being split into stages (issue 14)
 def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
                   opts: CompileOptions | None = None,
                   progress: Callable[[str], None] | None = None) -> CompileResult:
@@ -104,6 +103,37 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
     opts = opts or CompileOptions()
     say = progress or (lambda s: None)
     model = Path(model)
+    board, stage, quant, as_is = _check_request(model, calib, opts)
+    pipeline = parse_pipeline(opts.features, Path.cwd()) if opts.features else sidecar_pipeline(model)
+    x, source = _load_calib(calib, pipeline, keep_int=as_is) if calib else (None, [])
+    warnings: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="edgehft-compile-") as tmp:
+        work = Path(tmp)
+        if as_is:
+            model_file, info, cal, held, float_outs, quant = _take_tflite(model, x, board, opts)
+        else:
+            model_file, info, cal, held, float_outs = _convert(model, x, board, stage, quant, opts, work, say)
+        ctx = StageInput(board=board, opts=opts, quant=quant, work=work, info=info, source=None, quantization=None,
+                         cal=cal, held=held, float_outs=float_outs, say=say)
+        if not stage.golden_on_cpu:               # the backend makes its golden vectors and manifest itself
+            ctx.source, ctx.quantization = _source_model(model, info), _quantization(quant, cal, held, source)
+            return _stage_bundle(stage, ctx, pipeline, out)
+        ev = dict(model=model, info=info, board=board, cal=cal, held=held, float_outs=float_outs,
+                  source=source, opts=opts, allow_missing=stage.golden_may_be_missing)
+        r, quant, plan_section = _evaluate_plan(quant, model_file, work, ev, say)
+        _gate_drift(r["drift"], opts, warnings)
+        bundle, report = _build_bundle(stage, ctx, r, quant, plan_section, pipeline, out, warnings)
+    return CompileResult(bundle, report, warnings)
+
+
+def _check_request(model: Path, calib: list, opts: CompileOptions):
+    """(board, its compiler stage, the plan asked for, whether the model is a .tflite taken as is), once the
+    request is known to make sense; nothing has run yet.
+
+    Raises:
+        InputError: no such model, a plan the board does not take, ``--quant`` for a .tflite, ``auto`` for a
+            board that does not run on this host, no ``calib`` for a Keras model, options of another board.
+    """
     if not model.exists():
         raise InputError(f"no such model: {model}")
     board = load_board(opts.board)
@@ -120,101 +150,108 @@ def compile_model(model: str | Path, calib: list[str | Path], out: str | Path,
     if quant not in board.quantization and quant != "auto" and not as_is:
         raise InputError(f"board {board.name} does not take --quant {quant}",
                          hint=f"choose one of {', '.join(board.quantization)}")
-    pipeline = parse_pipeline(opts.features, Path.cwd()) if opts.features else sidecar_pipeline(model)
     if not calib and not as_is:
         raise InputError("--calib is required to quantize a Keras model", hint="pass tick windows or raw feeds")
-    x, source = _load_calib(calib, pipeline, keep_int=as_is) if calib else (None, [])
-    warnings: list[str] = []
+    return board, stage, quant, as_is
 
-    with tempfile.TemporaryDirectory(prefix="edgehft-compile-") as tmp:
-        work = Path(tmp)
-        if as_is:
-            model_file, info, cal, held, float_outs, quant = _take_tflite(model, x, board, opts)
-        else:
-            order = np.random.default_rng(opts.seed).permutation(len(x))
-            n_cal = min(opts.calib_windows, max(1, len(x) // 2))
-            cal, held = x[order[:n_cal]], x[order[n_cal:n_cal + opts.drift_windows]]
-            np.savez(work / "calib.npz", x=cal)
-            np.savez(work / "eval.npz", x=held)
-            req = {"model": str(model.resolve()), "quant": quant, "lowering": opts.lowering,
-                   "calib_npz": str(work / "calib.npz"), "eval_npz": str(work / "eval.npz")}
-            if quant == "auto" or quant.startswith("native"):  # int8 is model.tflite; others model_<plan>.tflite
-                from edgehft.compiler.plans import CANDIDATES
-                req.update(quant="int8", plans=list(CANDIDATES))
-            req.update(stage.worker_request(board, quant))
-            info = run_worker(req, work / "worker", timeout_s=opts.timeout_s, on_stage=say)
-            model_file = work / "worker" / "model.tflite"
-            with np.load(work / "worker" / "float_outputs.npz") as z:
-                float_outs = [z[f"out{k}"] for k in range(len(z.files))]
-        ctx = StageInput(board=board, opts=opts, quant=quant, work=work, info=info, source=None, quantization=None,
-                         cal=cal, held=held, float_outs=float_outs, say=say)
-        if not stage.golden_on_cpu:               # the backend makes its golden vectors and manifest itself
-            ctx.source, ctx.quantization = _source_model(model, info), _quantization(quant, cal, held, source)
-            return _stage_bundle(stage, ctx, pipeline, out)
-        ev = dict(model=model, info=info, board=board, cal=cal, held=held, float_outs=float_outs,
-                  source=source, opts=opts, allow_missing=stage.golden_may_be_missing)
-        plan_section = None
-        if quant == "auto":
-            from edgehft.compiler.plans import CANDIDATES, Candidate, choose, time_plans
-            cands = []
-            for plan in CANDIDATES:
-                f = work / "worker" / ("model.tflite" if plan == "int8" else f"model_{plan}.tflite")
-                say(f"plan {plan}: golden vectors and drift on the cpu runtime")
-                r = _evaluate(f, plan, work / f"plan_{plan}", **ev)
-                cands.append(Candidate(plan, r["draft"], r["gold"], r["drift"], r))
-            cands += _native_candidates(work, ev, say)
-            say("plans: time " + ", ".join(c.plan for c in cands) + " interleaved on one pinned core")
-            timing = time_plans({c.plan: c.bundle for c in cands}, board, held)
-            best, plan_section = choose(cands, timing)
-            r = best.evaluated
-            quant, model_file = best.plan, r["model_file"]
-        elif quant.startswith("native"):          # one native plan, asked for by name (e.g. for another host)
-            r = _native_candidates(work, ev, say, only=quant)[0].evaluated
-            model_file = r["model_file"]
-        else:
-            say("golden vectors and drift on the cpu runtime")
-            r = _evaluate(model_file, quant, work / "draft", **ev)
-        ir, inputs, outputs, manifest, draft, gold, drift = (r[k] for k in (
-            "ir", "inputs", "outputs", "manifest", "draft", "gold", "drift"))
-        if drift is not None and not drift.passed:
-            worst = max(drift.outputs, key=lambda o: o.mae_rel)
-            msg = (f"drift over the gate: output {worst.name!r} relative MAE {worst.mae_rel:.2%} > "
-                   f"{opts.drift_threshold:.2%}")
-            if opts.strict:
-                raise DriftError(msg + "; nothing was written",
-                                 hint="calibrate on more representative ticks, or try --quant dynamic/fp16")
-            warnings.append(msg)
-        manifest.golden, golden, golden_files = golden_record(draft, board, gold, inputs, outputs)
-        manifest.format_version = FORMAT_VERSION_FOR_PLAN.get(quant, 1)
-        files: dict[str, bytes | Path] = {"model.tflite": model_file, **golden_files}
-        manifest.toolchain = {**info["versions"], "edgehft": __version__, "interpreter": gold.path,
-                              "python": platform.python_version()}
-        ctx.quant, ctx.source, ctx.quantization, ctx.model_file, ctx.ir, ctx.gold, ctx.golden, ctx.drift = (
-            quant, manifest.source, manifest.quantization, model_file, ir, gold, golden, drift)
-        built = stage.build(ctx)
-        report = built.report
-        report.drift, report.golden = drift, golden
-        files.update(built.files)
-        manifest.artifacts.update(built.artifacts)
-        manifest.accelerator.update(built.accelerator)
-        manifest.toolchain.update(built.toolchain)
-        warnings += built.warnings
-        if r.get("native_files"):
-            files.update(r["native_files"])
-            report.notes.append(f"{quant} plan: {NATIVE_PLANS[quant]}. `bench --profile` times each step of that "
-                                "chain")
-        if plan_section:
-            report.plan = plan_section
-            if quant != "int8":
-                files["model_int8.tflite"] = work / "worker" / "model.tflite"
-                manifest.artifacts["int8_ir"] = "model_int8.tflite"
-        if drift is None:
-            report.notes.append("no drift figures: the model came quantized (.tflite), so there is no float "
-                                "reference to compare with")
-        _attach_features(manifest, files, pipeline, warnings)
-        say("write bundle")
-        bundle = write_bundle(out, manifest, files, report=report.model_dump())
-    return CompileResult(bundle, report, warnings)
+
+def _convert(model: Path, x: np.ndarray, board, stage, quant: str, opts: CompileOptions, work: Path, say):
+    """Split the windows ``x`` into calibration and held-out sets (seeded) and run the converter worker
+    (:mod:`edgehft.compiler.worker`, isolated) for ``quant``. Returns (the int8 or plan TFLite file, the
+    worker's record, cal, held, the float model's outputs on held)."""
+    order = np.random.default_rng(opts.seed).permutation(len(x))
+    n_cal = min(opts.calib_windows, max(1, len(x) // 2))
+    cal, held = x[order[:n_cal]], x[order[n_cal:n_cal + opts.drift_windows]]
+    np.savez(work / "calib.npz", x=cal)
+    np.savez(work / "eval.npz", x=held)
+    req = {"model": str(model.resolve()), "quant": quant, "lowering": opts.lowering,
+           "calib_npz": str(work / "calib.npz"), "eval_npz": str(work / "eval.npz")}
+    if quant == "auto" or quant.startswith("native"):  # int8 is model.tflite; others model_<plan>.tflite
+        from edgehft.compiler.plans import CANDIDATES
+        req.update(quant="int8", plans=list(CANDIDATES))
+    req.update(stage.worker_request(board, quant))
+    info = run_worker(req, work / "worker", timeout_s=opts.timeout_s, on_stage=say)
+    with np.load(work / "worker" / "float_outputs.npz") as z:
+        float_outs = [z[f"out{k}"] for k in range(len(z.files))]
+    return work / "worker" / "model.tflite", info, cal, held, float_outs
+
+
+def _evaluate_plan(quant: str, model_file: Path, work: Path, ev: dict, say):
+    """Golden vectors and drift on the cpu runtime for the plan ``quant``; for ``auto`` for every candidate,
+    then the candidates timed interleaved on one pinned core and the best chosen. Returns (the evaluation of
+    the plan kept, its name, the report's plan section or None)."""
+    if quant == "auto":
+        from edgehft.compiler.plans import CANDIDATES, Candidate, choose, time_plans
+        cands = []
+        for plan in CANDIDATES:
+            f = work / "worker" / ("model.tflite" if plan == "int8" else f"model_{plan}.tflite")
+            say(f"plan {plan}: golden vectors and drift on the cpu runtime")
+            r = _evaluate(f, plan, work / f"plan_{plan}", **ev)
+            cands.append(Candidate(plan, r["draft"], r["gold"], r["drift"], r))
+        cands += _native_candidates(work, ev, say)
+        say("plans: time " + ", ".join(c.plan for c in cands) + " interleaved on one pinned core")
+        timing = time_plans({c.plan: c.bundle for c in cands}, ev["board"], ev["held"])
+        best, plan_section = choose(cands, timing)
+        return best.evaluated, best.plan, plan_section
+    if quant.startswith("native"):               # one native plan, asked for by name (e.g. for another host)
+        return _native_candidates(work, ev, say, only=quant)[0].evaluated, quant, None
+    say("golden vectors and drift on the cpu runtime")
+    return _evaluate(model_file, quant, work / "draft", **ev), quant, None
+
+
+def _gate_drift(drift, opts: CompileOptions, warnings: list) -> None:
+    """Drift over ``opts.drift_threshold``: a warning, or with ``opts.strict`` an error.
+
+    Raises:
+        DriftError: over the threshold with ``strict`` (nothing is written; exit 5).
+    """
+    if drift is None or drift.passed:
+        return
+    worst = max(drift.outputs, key=lambda o: o.mae_rel)
+    msg = (f"drift over the gate: output {worst.name!r} relative MAE {worst.mae_rel:.2%} > "
+           f"{opts.drift_threshold:.2%}")
+    if opts.strict:
+        raise DriftError(msg + "; nothing was written",
+                         hint="calibrate on more representative ticks, or try --quant dynamic/fp16")
+    warnings.append(msg)
+
+
+def _build_bundle(stage, ctx: StageInput, r: dict, quant: str, plan_section, pipeline, out, warnings: list):
+    """The golden record, the board's stage (:meth:`~edgehft.compiler.stage.CompilerStage.build`) and the
+    bundle written to ``out`` from the evaluation ``r`` of the plan ``quant``. Returns (bundle, report)."""
+    board, work, info = ctx.board, ctx.work, ctx.info
+    ir, inputs, outputs, manifest, draft, gold, drift, model_file = (r[k] for k in (
+        "ir", "inputs", "outputs", "manifest", "draft", "gold", "drift", "model_file"))
+    manifest.golden, golden, golden_files = golden_record(draft, board, gold, inputs, outputs)
+    manifest.format_version = FORMAT_VERSION_FOR_PLAN.get(quant, 1)
+    files: dict[str, bytes | Path] = {"model.tflite": model_file, **golden_files}
+    manifest.toolchain = {**info["versions"], "edgehft": __version__, "interpreter": gold.path,
+                          "python": platform.python_version()}
+    ctx.quant, ctx.source, ctx.quantization, ctx.model_file, ctx.ir, ctx.gold, ctx.golden, ctx.drift = (
+        quant, manifest.source, manifest.quantization, model_file, ir, gold, golden, drift)
+    built = stage.build(ctx)
+    report = built.report
+    report.drift, report.golden = drift, golden
+    files.update(built.files)
+    manifest.artifacts.update(built.artifacts)
+    manifest.accelerator.update(built.accelerator)
+    manifest.toolchain.update(built.toolchain)
+    warnings += built.warnings
+    if r.get("native_files"):
+        files.update(r["native_files"])
+        report.notes.append(f"{quant} plan: {NATIVE_PLANS[quant]}. `bench --profile` times each step of that "
+                            "chain")
+    if plan_section:
+        report.plan = plan_section
+        if quant != "int8":
+            files["model_int8.tflite"] = work / "worker" / "model.tflite"
+            manifest.artifacts["int8_ir"] = "model_int8.tflite"
+    if drift is None:
+        report.notes.append("no drift figures: the model came quantized (.tflite), so there is no float "
+                            "reference to compare with")
+    _attach_features(manifest, files, pipeline, warnings)
+    ctx.say("write bundle")
+    return write_bundle(out, manifest, files, report=report.model_dump()), report
 
 
 def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> list:

@@ -10,22 +10,13 @@ vectors, else as LiteRT's builtin x86 kernel (``ruy-x86``). The choice is record
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from edgehft.compiler.stage import StageOutput
 from edgehft.ir import TFLiteModel
 from edgehft.partition.pynq import partition, pynq_report
-from edgehft.report import Report
-
-
-@dataclass
-class PynqResult:
-    report: Report
-    files: dict[str, bytes] = field(default_factory=dict)
-    artifacts: dict[str, str] = field(default_factory=dict)
-    accelerator: dict = field(default_factory=dict)
 
 
 def _tensor(g, index: int) -> dict:
@@ -33,7 +24,7 @@ def _tensor(g, index: int) -> dict:
     return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
 
 
-def pynq_stage(model_file: Path, board, kernels_by_op: dict[int, str], say=lambda s: None) -> PynqResult:
+def pynq_stage(model_file: Path, board, kernels_by_op: dict[int, str], say=lambda s: None) -> StageOutput:
     """Build the PYNQ artifacts for ``model_file`` (the int8 IR) on ``board``.
 
     Args:
@@ -90,4 +81,4 @@ def pynq_stage(model_file: Path, board, kernels_by_op: dict[int, str], say=lambd
            "requantize": {str(s["op"]): s["requantize"] for s in steps if s["placement"] == "fpga"}}
     rep.notes.append("FPGA kernels reproduce the golden path's arithmetic: " + ", ".join(
         f"#{s['op']} {s['kernel']} requantizes as {s['requantize']}" for s in steps if s["placement"] == "fpga"))
-    return PynqResult(rep, files, {"steps": "steps.json"}, acc)
+    return StageOutput(rep, files, {"steps": "steps.json"}, acc)

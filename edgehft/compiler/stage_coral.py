@@ -24,8 +24,8 @@ class CoralStage(CompilerStage):
                                compiled_model=given.get("edgetpu_model"), say=ctx.say)
         notes, warnings = coral.golden_notes(ctx.golden)
         st.report.notes += notes
-        return StageOutput(st.report, files=dict(st.files), artifacts=st.artifacts, accelerator=st.accelerator,
-                           toolchain=st.toolchain, warnings=warnings + st.warnings)
+        st.warnings = warnings + st.warnings
+        return st
 
 
 STAGE = CoralStage()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import platform
 
 from edgehft import __version__
-from edgehft.bundle import Manifest
 from edgehft.compiler.stage import CompilerStage, StageInput, StageOutput
 from edgehft.errors import InputError
 
@@ -32,16 +31,11 @@ class JetsonStage(CompilerStage):
     def build(self, ctx: StageInput) -> StageOutput:
         """The bundle's ONNX model, golden vectors, report and manifest from the worker's ONNX export."""
         from edgehft.compiler.jetson import jetson_stage
-        info, board = ctx.info, ctx.board
         ctx.say("golden vectors and TensorRT placement from the ONNX model")
-        st = jetson_stage(ctx.work, info, ctx.quant, board, ctx.held, ctx.float_outs, ctx.opts.golden_count,
-                          ctx.opts.drift_threshold, info["input_names"][0], info["output_names"])
-        manifest = Manifest(board=board.name, backend=board.backend, model_file=st.model_file, source=ctx.source,
-                            quantization=ctx.quantization, inputs=st.inputs, outputs=st.outputs, golden=st.golden)
-        manifest.toolchain = {**info["versions"], "edgehft": __version__, "python": platform.python_version(),
-                              "tensorrt_predicted_for": board.tensorrt["version"]}
-        manifest.accelerator = {"onnx": info["onnx"], "engine": "built on the board (not portable)"}
-        return StageOutput(st.report, files=dict(st.files), warnings=st.warnings, manifest=manifest)
-
+        st = jetson_stage(ctx)
+        st.manifest.toolchain = {**ctx.info["versions"], "edgehft": __version__, "python": platform.python_version(),
+                                 "tensorrt_predicted_for": ctx.board.tensorrt["version"]}
+        st.manifest.accelerator = {"onnx": ctx.info["onnx"], "engine": "built on the board (not portable)"}
+        return st
 
 STAGE = JetsonStage()

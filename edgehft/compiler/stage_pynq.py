@@ -12,8 +12,7 @@ class PynqStage(CompilerStage):
         """Partition ``ctx.model_file`` for the board's overlay (the golden run says which ops XNNPACK took)."""
         from edgehft.compiler.pynq import pynq_stage
         ctx.say("partition for the FPGA overlay")
-        st = pynq_stage(ctx.model_file, ctx.board, ctx.gold.kernels, say=ctx.say)
-        return StageOutput(st.report, files=dict(st.files), artifacts=st.artifacts, accelerator=st.accelerator)
+        return pynq_stage(ctx.model_file, ctx.board, ctx.gold.kernels, say=ctx.say)
 
 
 STAGE = PynqStage()

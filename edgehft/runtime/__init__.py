@@ -2,7 +2,9 @@
 
 Never imports TensorFlow. One module per backend, found through :mod:`edgehft.backends` from the board's
 ``backend`` field (the built-ins are ``edgehft/runtime/<backend>.py``; a plugin names its own); each exposes a
-``Runner`` subclass of :class:`edgehft.runtime.base.Runner`.
+``Runner`` subclass of :class:`edgehft.runtime.base.Runner`. Beside them: ``litert`` (the LiteRT helpers the
+cpu, coral and pynq runners share), ``native_chain`` and ``arena`` (the cpu board's native plans),
+``coral_device`` (libedgetpu through ctypes), ``isolate`` (a bundle's first open in a child process).
 
     from edgehft import runtime
     with runtime.open("deeplob.bundle", threads=1, affinity=[1]) as r:
