@@ -1,4 +1,4 @@
-"""Build tf-keras LSTM models for tests/test_native_lstm.py: ``python make_native_lstm_models.py OUT``.
+"""Build tf-keras LSTM models for tests/compile/test_native_lstm_keras.py: ``python make_native_lstm_models.py OUT``.
 
 For each model: ``NAME.npz`` (per-layer Keras weights W{l}, U{l}, b{l}; X (8, T, in) float32 windows;
 Y the Keras outputs, batch 1 each) and ``NAME.tflite`` (the float TFLite conversion: each LSTM becomes

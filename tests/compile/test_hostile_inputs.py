@@ -1,7 +1,7 @@
 """The bad-input corpus for what `run` and `bench` read besides the bundle: tick files, tick times and
 options (generated here, small). Each entry runs `python -m edgehft` in a fresh process and must end with
 its documented exit code and one error line: no traceback, no signal, no hang (tests/hostile.py). The
-bundle and manifest corpus is tests/test_bundle_hostile.py; model files, tests/test_model_validation.py."""
+bundle and manifest corpus is tests/unit/test_bundle_hostile.py; model files, tests/compile/test_model_validation.py."""
 import io
 import zipfile
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from edgehft.compiler.isolate import run_worker
 from edgehft.compiler.onnx_check import compare_onnx, run_onnx, softmax_outputs
 from edgehft.errors import DriftError
@@ -28,7 +29,6 @@ from edgehft.errors import DriftError
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-ROOT = Path(__file__).resolve().parents[1]
 FLOAT32_ATOL = 1e-5
 FP16_ATOL = {"deeplob": 2e-3, "mlp": 1e-3, "seq_lstm": 2e-4}
 

@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import run_maker
+from conftest import ROOT, run_maker
 from hostile import bit_flips
 from edgehft import backends
 from edgehft.boards import load_board
 from edgehft.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
 MUTANTS, SEED = 200, 29
 
 

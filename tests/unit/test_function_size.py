@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "edgehft"
+from conftest import ROOT
+
+PKG = ROOT / "edgehft"
 LIMIT = 80
 _MARK = re.compile(r"^\s*# long: \S")
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "edgehft"
+from conftest import ROOT
+
+PKG = ROOT / "edgehft"
 
 
 def _modules() -> dict[str, Path]:

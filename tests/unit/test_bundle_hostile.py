@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from conftest import ROOT
 from edgehft import bundle as bundle_mod
 from edgehft.bundle import (MANIFEST, Golden, Manifest, Quantization, SourceModel, TensorSpec, check_io_details,
                             load_bundle, write_bundle)
 from edgehft.cli import main
 from edgehft.errors import BundleError
 
-ROOT = Path(__file__).resolve().parents[1]
 COUNT = 8
 
 

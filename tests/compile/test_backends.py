@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from edgehft import backends
 from edgehft.boards import list_boards, load_board
 from edgehft.bundle_checks import golden_mismatch
 from edgehft.deploy.probe import board_mismatches, probe_box
 from edgehft.errors import BoardUnavailableError
 
-ROOT = Path(__file__).resolve().parents[1]
 
 PLUGIN = {
     "null_board/__init__.py": '''

@@ -1,4 +1,4 @@
-"""The deploy fault matrix, continued (tests/test_deploy.py holds its first part and the helpers used here),
+"""The deploy fault matrix, continued (tests/deploy/test_deploy.py holds its first part; the helpers used here are tests/deploy_box.py),
 on the real sshd on 127.0.0.1: a switch whose log line cannot be written (a full disk at history.jsonl), a
 box installed before the ``previous`` link, a stalled link, concurrent deploys, an agent killed by SIGSEGV.
 Each fault test asserts that ``current`` and the previous version are intact and pass their golden vectors.
