@@ -1,37 +1,12 @@
-"""Jetson layers 3-4 (engine build, runtime): run only where an NVIDIA GPU and TensorRT are present;
-elsewhere the refusal path is what is tested. Nothing here imports or fakes `tensorrt` in this process
-unless a GPU answered the probe."""
-import importlib.util
-
+"""Jetson layers 3-4 (engine build, runtime) on an NVIDIA GPU with TensorRT: skipped with the reason where
+none is present (``needs("tensorrt")``, tests/conftest.py), where tests/compile/test_jetson_no_gpu.py tests the
+refusal path instead. Nothing here imports or fakes `tensorrt` in this process unless a GPU answered the probe."""
 import numpy as np
 import pytest
 
-from conftest import DEEPLOB, FEED_DAY1
-from edgehft.errors import BoardUnavailableError
-from edgehft.toolchains.tensorrt import probe_gpu
-
-PROBE = probe_gpu()
-HAS_TRT = bool(PROBE["gpus"]) and importlib.util.find_spec("tensorrt") is not None
-needs_gpu = pytest.mark.skipif(not HAS_TRT, reason=f"no NVIDIA GPU with TensorRT here ({PROBE['error'] or 'no tensorrt'})")
+pytestmark = pytest.mark.needs("tensorrt")
 
 
-@pytest.fixture(scope="module")
-def deeplob_jetson(tmp_path_factory):
-    from edgehft.compiler.pipeline import CompileOptions, compile_model
-    out = tmp_path_factory.mktemp("jetson-gpu") / "deeplob.jetson"
-    compile_model(DEEPLOB / "deeplob.keras", [FEED_DAY1], out, CompileOptions(board="jetson-agx-orin"))
-    return out
-
-
-@pytest.mark.skipif(HAS_TRT, reason="a GPU is present: the refusal path does not apply")
-def test_without_gpu_open_refuses_cleanly(deeplob_jetson):
-    from edgehft import runtime
-    assert PROBE["gpus"] == 0 and PROBE["error"]
-    with pytest.raises(BoardUnavailableError, match="no NVIDIA GPU here"):
-        runtime.open(deeplob_jetson)
-
-
-@needs_gpu
 def test_engine_build_and_golden(deeplob_jetson, tmp_path, monkeypatch):
     from edgehft import runtime
     from edgehft.bundle import load_bundle

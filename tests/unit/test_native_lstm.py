@@ -5,7 +5,7 @@ sigmoid = 0.5 + 0.5*tanh(x/2) (1.8e-7); h = o*tanh(c) lies in [-1, 1] and the fo
 activation errors do not grow over the steps. Measured against a float64 LSTM on the shapes below the
 largest difference is ~2e-7; the tests assert 2e-6 (10x headroom for other CPUs' / compilers' fp32 sums).
 LiteRT's float kernel and Keras use their own fp32 tanh/sigmoid and sum orders, so against them the same
-2e-6 bound holds (measured ~5e-7).
+2e-6 bound holds (measured ~5e-7): tests/compile/test_native_lstm_keras.py checks it there.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import platform
 import numpy as np
 import pytest
 
-from conftest import ROOT, run_maker
 from edgehft.errors import BoardUnavailableError, DTypeError, InputError, ShapeError
 from edgehft.kernels.cpu import lstm as native_lstm
 from edgehft.kernels.cpu.lstm import NativeLSTM, activations
@@ -152,52 +151,3 @@ def test_no_compiler_or_failed_build_is_board_unavailable(monkeypatch, tmp_path)
     with pytest.raises(BoardUnavailableError, match="failed"):
         NativeLSTM(random_layers(np.random.default_rng(0), 3, [2]), 2)
     assert not list(tmp_path.rglob("*.so"))
-
-
-@pytest.fixture(scope="module")
-def keras_lstms(tmp_path_factory):
-    """tf-keras LSTM models with their float TFLite conversions (tests/make_native_lstm_models.py):
-    ``stack`` (T 20, in 13, LSTM(7) -> LSTM(100), sequences), ``deeplob_lstm`` (DeepLOB's LSTM(64)
-    over 100 x 192, last step) and ``saturating`` (LSTM(9) whose |c| passes 10)."""
-    pytest.importorskip("ai_edge_litert")
-    return run_maker(ROOT / "tests" / "make_native_lstm_models.py", tmp_path_factory.mktemp("native_lstm"))
-
-
-def _cell_clips(tflite: bytes) -> list[float]:
-    from ai_edge_litert import schema_py_generated as s
-    m = s.ModelT.InitFromPackedBuf(tflite, 0)
-    return [op.builtinOptions.cellClip for op in m.subgraphs[0].operators
-            if isinstance(op.builtinOptions, s.UnidirectionalSequenceLSTMOptionsT)]
-
-
-@pytest.mark.parametrize("name", ["stack", "deeplob_lstm", "saturating"])
-def test_matches_keras_and_litert_float_lstm(keras_lstms, name):
-    """The kernel against Keras itself (no cell clip) and, with the op's cell_clip, against LiteRT
-    running the float conversion, where each LSTM is LiteRT's builtin UNIDIRECTIONAL_SEQUENCE_LSTM. On
-    ``saturating`` Keras and LiteRT disagree (the converter's cell_clip 10 engages): the kernel follows
-    each with the matching option."""
-    from ai_edge_litert.interpreter import Interpreter
-    d = np.load(keras_lstms / f"{name}.npz")
-    nl = sum(1 for f in d.files if f.startswith("W"))
-    X, Y = d["X"], d["Y"]
-    rs = Y.ndim == 3
-    layers = [(d[f"W{i}"], d[f"U{i}"], d[f"b{i}"]) for i in range(nl)]
-    clips = _cell_clips((keras_lstms / f"{name}.tflite").read_bytes())
-    assert len(set(clips)) == 1 and clips[0] == 10.0, clips
-    k = NativeLSTM(layers, X.shape[1], rs)
-    kc = NativeLSTM(layers, X.shape[1], rs, cell_clip=clips[0])
-    bound = SAT_BOUND if name == "saturating" else BOUND
-    it = Interpreter(model_path=str(keras_lstms / f"{name}.tflite"), num_threads=1)
-    it.allocate_tensors()
-    ops = [o["op_name"] for o in it._get_ops_details()]
-    assert ops.count("UNIDIRECTIONAL_SEQUENCE_LSTM") == nl, ops
-    i, o = it.get_input_details()[0]["index"], it.get_output_details()[0]["index"]
-    for w in range(len(X)):
-        it.reset_all_variables()    # the op keeps h, c in variable tensors (edgehft's cpu runtime resets them too)
-        it.set_tensor(i, X[w:w + 1])
-        it.invoke()
-        lite = it.get_tensor(o)[0]
-        assert np.abs(k.run(X[w]) - Y[w]).max() < bound
-        assert np.abs(kc.run(X[w]) - lite).max() < bound
-        if name == "saturating":
-            assert np.abs(lite - Y[w]).max() > 1e-3
