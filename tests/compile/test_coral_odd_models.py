@@ -18,7 +18,6 @@ TEST_DATA = SHARED / "edgetpu_pairs" / "google-coral__test_data"
 POSENET = TEST_DATA / "posenet_mobilenet_v1_075_353_481_16_quant_decoder.tflite"
 MOVENET_COMPILED = TEST_DATA / "movenet_single_pose_lightning_ptq_edgetpu.tflite"
 DEEPLAB = TEST_DATA / "deeplabv3_mnv2_dm05_pascal_quant.tflite"
-needs_pairs = pytest.mark.skipif(not TEST_DATA.is_dir(), reason="../shared/data/edgetpu_pairs not present")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +50,7 @@ def _refused_cleanly(res, code: int, *words: str) -> str:
     return text
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_posenet_custom_op_keeps_the_confirmed_partition_without_golden_vectors(tmp_path, replay_compiler):
     # PosenetDecoderOp has no LiteRT kernel on any path (auto, builtin, reference): compile used to raise
     # RuntimeError and lose the partition. Now the bundle keeps it, confirmed by the real compiler's output.
@@ -82,7 +81,7 @@ def test_posenet_custom_op_keeps_the_confirmed_partition_without_golden_vectors(
     assert r.exit_code == 0 and json.loads(r.output)["manifest"]["golden"] is None
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_a_model_no_litert_path_runs_is_refused_for_the_cpu_board(tmp_path):
     res = CliRunner().invoke(main, ["compile", str(POSENET), "--board", "cpu", "--out", str(tmp_path / "b")])
     _refused_cleanly(res, 3, "no golden vectors can be made", "unresolved custom op: PosenetDecoderOp",
@@ -153,7 +152,7 @@ def test_dilation_along_a_unit_kernel_axis_is_ignored(odd):
     assert sq.ops[0].stage == "pre" and sq.ops[1].stage == "tpu"
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_report_json_says_compiler_version_not_recorded(tmp_path, monkeypatch):
     # The real compiled models' DWN1 package records compiler_version "cl/" (an empty changelist).
     r = CliRunner().invoke(main, ["report", str(MOVENET_COMPILED), "--json"])

@@ -19,10 +19,9 @@ from edgehft.toolchains.edgetpu_compiler import parse_output
 PAIRS_DIR = SHARED / "edgetpu_pairs"
 PAIRS = sorted(p for p in PAIRS_DIR.rglob("*.tflite") if not p.stem.endswith("_edgetpu")) \
     if PAIRS_DIR.is_dir() else []
-needs_pairs = pytest.mark.skipif(not PAIRS, reason="../shared/data/edgetpu_pairs not present")
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 @pytest.mark.parametrize("cpu_path", PAIRS, ids=[p.stem for p in PAIRS])
 def test_prediction_matches_the_real_compiler(cpu_path):
     cpu = TFLiteModel.from_file(cpu_path)
@@ -39,7 +38,7 @@ def test_prediction_matches_the_real_compiler(cpu_path):
     assert ag.disagreements == [] and ag.agree == len(cpu.main.ops)
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_agreement_over_all_pairs():
     ops = agree = 0
     for cpu_path in PAIRS:
@@ -50,7 +49,7 @@ def test_agreement_over_all_pairs():
     assert (len(PAIRS), ops, agree) == (14, 669, 669)
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_movenet_independent_branch_keeps_mapping_after_the_first_cpu_op():
     cpu = TFLiteModel.from_file(PAIRS_DIR / "google-coral__test_data" / "movenet_single_pose_lightning_ptq.tflite")
     part = predict(cpu)
@@ -61,7 +60,7 @@ def test_movenet_independent_branch_keeps_mapping_after_the_first_cpu_op():
     assert by[115].code == "AFTER_CPU_OP" and by[115].status == R.MORE_THAN_ONE_SUBGRAPH
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_deeplab_resize_factor_rule_with_concrete_values():
     cpu = TFLiteModel.from_file(PAIRS_DIR / "google-coral__test_data" / "deeplabv3_mnv2_pascal_quant.tflite")
     v = predict(cpu).ops[64]
@@ -69,7 +68,7 @@ def test_deeplab_resize_factor_rule_with_concrete_values():
     assert "1x1 -> 33x33" in v.detail and "factor 33" in v.detail
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_compiled_model_alone_and_with_its_cpu_model():
     d = PAIRS_DIR / "google-coral__test_data"
     compiled = TFLiteModel.from_file(d / "deeplabv3_mnv2_pascal_quant_edgetpu.tflite")
@@ -85,7 +84,7 @@ def test_compiled_model_alone_and_with_its_cpu_model():
         read_compiled(compiled, TFLiteModel.from_file(d / "mobilenet_v1_0.25_128_quant.tflite"))
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_real_compiler_log_rows():
     log = PAIRS_DIR / "logs_only" / "guichristmann__edge-tpu-tiny-yolo" / "quant_coco-tiny-v3-relu_edgetpu.log"
     parsed = parse_output(log.read_text())

@@ -126,7 +126,7 @@ def test_runtime_imports_without_tensorflow(deeplob_bundle):
     assert res.stdout.strip().endswith("True")
 
 
-@pytest.mark.skipif(not (SHARED / "edgetpu_pairs").is_dir(), reason="../shared/data/edgetpu_pairs not present")
+@pytest.mark.needs("edgetpu-pairs")
 def test_lstm_state_does_not_leak_between_windows(tmp_path):
     """A fused int8 LSTM keeps its state in variable tensors that Invoke updates in place; every
     predict must start from the initial state, as a fresh interpreter does."""

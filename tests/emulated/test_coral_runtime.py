@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import SHARED
+from conftest import SHARED, YAMNET
 from edgehft import boards, runtime
 from edgehft.bundle import Golden, Manifest, Quantization, SourceModel, TensorSpec, load_bundle, sha256_file, \
     write_bundle
@@ -27,8 +27,6 @@ from edgehft.ir.edgetpu_package import EdgeTPUPackage, min_runtime_version, pars
 from edgehft.runtime import coral, coral_device, cpu
 
 PAIRS = SHARED / "edgetpu_pairs" / "google-coral__test_data"
-YAMNET = SHARED / "edgetpu_pairs" / "google-coral__coralmicro" / "yamnet_spectra_in_edgetpu.tflite"
-needs_pairs = pytest.mark.skipif(not PAIRS.is_dir(), reason="../shared/data/edgetpu_pairs not present")
 # A real (CPU model, compiled model) pair: 3 uint8 inputs, 5 outputs, numbered differently in the compiled
 # model. (keras_lstm_mnist_ptq would not do for golden tests: its LSTM state tensors are variables that
 # carry over from one Invoke to the next.)
@@ -37,7 +35,7 @@ PAIR = "split_concat"
 
 # -- the DWN1 package of real compiled models --------------------------------------------------------
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_packages_of_real_compiled_models():
     compiled = sorted(PAIRS.glob("*_edgetpu.tflite"))
     assert len(compiled) == 13
@@ -57,7 +55,7 @@ def test_packages_of_real_compiled_models():
         assert min_runtime_version(TFLiteModel.from_file(cpu_model)) is None
 
 
-@pytest.mark.skipif(not YAMNET.is_file(), reason="coralmicro yamnet pair not present")
+@pytest.mark.needs("yamnet-pair")
 def test_yamnet_package_needs_runtime_14():
     m = TFLiteModel.from_file(YAMNET)
     [(op, pkg)] = read_packages(m)
@@ -66,7 +64,7 @@ def test_yamnet_package_needs_runtime_14():
     assert min_runtime_version(m) == 14
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_malformed_packages_are_input_errors():
     with pytest.raises(InputError, match="no 'DWN1' identifier"):
         parse_package(b"\x0c\x00\x00\x00TFL3" + bytes(20))
@@ -239,7 +237,7 @@ def test_vendor_messages_become_clear_errors():
 
 # -- plain cpu interpreter on a compiled model -------------------------------------------------------
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 @pytest.mark.parametrize("name", ["split_concat_edgetpu.tflite", "movenet_single_pose_lightning_ptq_edgetpu.tflite"])
 def test_cpu_interpreter_on_compiled_model(name):
     with pytest.raises(BundleError, match="compiled for the Edge TPU .* opened without the Edge TPU delegate") as exc:
@@ -321,7 +319,7 @@ def _check_golden(r):
             assert np.array_equal(got, outs[s.name][k:k + 1]), (k, s.name)
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_emulated_pair_bundle_reproduces_litert(tmp_path, coral_board):
     b = _pair_bundle(tmp_path / "lstm.coral", coral_board)
     with runtime.open(b, emulate=True) as r:
@@ -333,7 +331,7 @@ def test_emulated_pair_bundle_reproduces_litert(tmp_path, coral_board):
         assert d["interpreter"] == cpu.interpreter_path()
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 @no_libedgetpu
 def test_device_path_without_library(tmp_path, coral_board):
     b = _pair_bundle(tmp_path / "lstm.coral", coral_board)
@@ -344,7 +342,7 @@ def test_device_path_without_library(tmp_path, coral_board):
         runtime.open(b, device="gpu")
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_bundle_without_compiled_model(tmp_path, coral_board):
     b = _pair_bundle(tmp_path / "lstm.coral", coral_board, compiled=False)
     with pytest.raises(BoardUnavailableError, match="no Edge TPU compiled model: edgetpu_compiler was not on "
@@ -357,7 +355,7 @@ def test_bundle_without_compiled_model(tmp_path, coral_board):
         _check_golden(r)
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_manifest_and_package_must_agree(tmp_path, coral_board):
     b = _pair_bundle(tmp_path / "lstm.coral", coral_board, accelerator={"min_runtime_version": 14})
     with pytest.raises(BundleError, match="manifest says min_runtime_version 14, but model_edgetpu.tflite's "
@@ -365,7 +363,7 @@ def test_manifest_and_package_must_agree(tmp_path, coral_board):
         runtime.open(b)
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_compiled_model_io_is_remapped():
     cpu_ir = TFLiteModel.from_file(PAIRS / "bodypix_mobilenet_v1_075_512_512_16_quant_decoder.tflite")
     tpu_ir = TFLiteModel.from_file(PAIRS / "bodypix_mobilenet_v1_075_512_512_16_quant_decoder_edgetpu.tflite")

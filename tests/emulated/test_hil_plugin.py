@@ -10,14 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DEEPLOB, FEED_DAY1, ROOT
+from conftest import BOARD_PY, DEEPLOB, FEED_DAY1
 from edgehft.bundle import load_bundle, sha256_file
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow
 
 FAST = ["--edgehft-samples=100", "--edgehft-warmup=10"]
-BOARD_PY = ROOT / ".venv-board" / "bin" / "python"
 
 
 @pytest.fixture
@@ -148,8 +147,7 @@ def test_usage_errors(hil, deeplob_bundle):
         assert message in r.stderr.str(), (args, r.stderr.str())
 
 
-@pytest.mark.skipif(not BOARD_PY.exists(), reason=".venv-board missing: run scripts/board-venv.sh")
-@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++: the emulated kernels are C++ built here")
+@pytest.mark.needs("board-venv", "g++")
 def test_emulated_pynq_z2_in_the_board_venv(tmp_path):
     """DeepLOB compiled for pynq-z2 here; the plugin runs in .venv-board (its own entry point) on the
     emulated board: the golden vectors pass bit-exactly, the latency is reported but not judged."""

@@ -21,7 +21,7 @@ from edgehft.kernels.fpga.csim import (CSimDenseKernel, CSimLstmKernel, KernelLi
 from kernel_io import (FC_MODE, PATHS, capture, deeplob_inputs, kernel_models, op_io,  # noqa: F401
                        patch_scales, stress_inputs)
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++: the kernel library is C++ built here")
+pytestmark = pytest.mark.needs("g++")
 
 slow = pytest.mark.slow
 FC_MODES = ("gemmlowp", "ruy-x86", "fp32", "single", "float64")
@@ -391,7 +391,6 @@ def test_tied_model_each_path_matches_its_mode(lib, kernel_models):  # noqa: F81
 
 # ---- the HLS testbenches under g++ (C simulation without Vitis) and the library build -------------
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
 def test_testbenches_pass_under_ubsan(tmp_path):
     rng = np.random.default_rng(7)
     src = kernel_sources()

@@ -9,12 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import DEEPLOB, FEED_DAY1, ROOT
+from conftest import BOARD_PY, DEEPLOB, FEED_DAY1
 from edgehft.compiler.pipeline import CompileOptions, compile_model
 
-BOARD_PY = ROOT / ".venv-board" / "bin" / "python"
-pytestmark = [pytest.mark.skipif(not BOARD_PY.exists(), reason=".venv-board missing: run scripts/board-venv.sh"),
-              pytest.mark.skipif(shutil.which("g++") is None, reason="no g++: the emulated kernels are C++ built here")]
+pytestmark = pytest.mark.needs("board-venv", "g++")
 
 RUN_ON_BOARD = r"""
 import json, sys

@@ -19,7 +19,7 @@ from edgehft.toolchains.edgetpu_compiler import run_compiler
 TEST_DATA = SHARED / "edgetpu_pairs" / "google-coral__test_data"
 LSTM = TEST_DATA / "keras_lstm_mnist_ptq.tflite"
 DEEPLAB = TEST_DATA / "deeplabv3_mnv2_dm05_pascal_quant.tflite"
-pytestmark = pytest.mark.skipif(not TEST_DATA.is_dir(), reason="../shared/data/edgetpu_pairs not present")
+pytestmark = pytest.mark.needs("edgetpu-pairs")
 
 
 @pytest.fixture

@@ -6,10 +6,9 @@ from edgehft.errors import InputError
 from edgehft.ir import TFLiteModel
 
 PAIRS = SHARED / "edgetpu_pairs" / "google-coral__test_data"
-needs_pairs = pytest.mark.skipif(not PAIRS.is_dir(), reason="../shared/data/edgetpu_pairs not present")
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_reads_quantized_lstm_model():
     m = TFLiteModel.from_file(PAIRS / "keras_lstm_mnist_ptq.tflite")
     assert m.op_names() == ["QUANTIZE", "UNIDIRECTIONAL_SEQUENCE_LSTM", "RESHAPE", "FULLY_CONNECTED",
@@ -22,7 +21,7 @@ def test_reads_quantized_lstm_model():
     assert w.is_constant and m.buffer(w).shape == w.shape
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_reads_compiled_edgetpu_model():
     m = TFLiteModel.from_file(PAIRS / "keras_lstm_mnist_ptq_edgetpu.tflite")
     assert m.op_names() == ["CUSTOM:edgetpu-custom-op"]
@@ -36,7 +35,7 @@ def test_rejects_non_tflite(tmp_path):
         TFLiteModel.from_file(p)
 
 
-@needs_pairs
+@pytest.mark.needs("edgetpu-pairs")
 def test_rejects_truncated_model(tmp_path):
     data = (PAIRS / "keras_lstm_mnist_ptq.tflite").read_bytes()
     p = tmp_path / "cut.tflite"

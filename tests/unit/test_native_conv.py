@@ -13,7 +13,7 @@ from edgehft.kernels.cpu import conv as native_conv
 from edgehft.kernels.cpu.conv import NativeConv2D
 from native_reference import bf16, reference_conv
 
-pytestmark = pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="needs g++")
+pytestmark = pytest.mark.needs("g++")
 
 AMX = native_conv.amx_available()
 PATHS = [True] + ([False] if AMX else [])          # portable, and AMX where this CPU runs it

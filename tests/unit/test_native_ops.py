@@ -8,7 +8,7 @@ from edgehft.errors import DTypeError, ShapeError
 from edgehft.kernels.cpu.ops import NativeConcat, NativeDense, NativeMaxPool2D, NativeSoftmax
 from native_reference import reference_maxpool
 
-pytestmark = pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="needs g++")
+pytestmark = pytest.mark.needs("g++")
 
 
 @pytest.mark.parametrize("case", [((100, 1, 64), (3, 1), (1, 1), "SAME"), ((28, 28, 3), (2, 2), (2, 2), "VALID"),
