@@ -41,6 +41,17 @@ def reference_conv(x, w, b, stride, padding, act="none", alpha=0.0):
     return y, mag
 
 
+def cpu_targets() -> list[str]:
+    """Every dispatch target of the native kernels this CPU runs, best first (for parametrizing the kernel
+    tests); ["best"] when the kernel library cannot be had here (the tests then say why)."""
+    from edgehft.errors import BoardUnavailableError
+    from edgehft.kernels.cpu.build import targets
+    try:
+        return targets()
+    except BoardUnavailableError:
+        return ["best"]
+
+
 BOUND = 2e-6
 # The saturating case drives c to ~15 and back to ~0: fp32 rounding of c (ulp(15) = 9.5e-7) accumulates
 # over 30 steps and survives the cancellation, so it gets its own bound (measured ~7e-6).

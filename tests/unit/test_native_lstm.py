@@ -9,18 +9,16 @@ LiteRT's float kernel and Keras use their own fp32 tanh/sigmoid and sum orders, 
 """
 from __future__ import annotations
 
-import platform
-
 import numpy as np
 import pytest
 
 from edgehft.errors import BoardUnavailableError, DTypeError, InputError, ShapeError
 from edgehft.kernels.cpu import lstm as native_lstm
+from edgehft.kernels.cpu.build import force_target
 from edgehft.kernels.cpu.lstm import NativeLSTM, activations
-from native_reference import BOUND, SAT_BOUND, reference_lstm, sigmoid
+from native_reference import BOUND, SAT_BOUND, cpu_targets, reference_lstm, sigmoid
 
-X86 = platform.machine() in ("x86_64", "AMD64")
-ISAS = [False, pytest.param(True, marks=pytest.mark.skipif(not X86, reason="-mno-avx512f is an x86 flag"))]
+TARGETS = cpu_targets()      # every dispatch target this CPU runs (amx, avx3, avx2, neon, scalar)
 
 
 def random_layers(rng, in_size, hidden):
@@ -33,11 +31,11 @@ def random_layers(rng, in_size, hidden):
     return layers
 
 
-@pytest.mark.parametrize("portable", ISAS, ids=["native", "portable"])
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("H", [1, 7, 64, 100, 130])
-def test_matches_float64_lstm(H, portable):
+def test_matches_float64_lstm(H, target):
     """Every input size {1, 13, 192} x T {1, 5, 100} x return_sequences, one and two stacked layers
-    (the second with another H so layer sizes differ), on the AVX-512 and the portable build."""
+    (the second with another H so layer sizes differ), on every dispatch target this CPU runs."""
     rng = np.random.default_rng(H)
     for in_size in (1, 13, 192):
         for T in (1, 5, 100):
@@ -45,8 +43,9 @@ def test_matches_float64_lstm(H, portable):
             for hidden in ([H], [H, 33]):
                 layers = random_layers(rng, in_size, hidden)
                 for rs in (False, True):
-                    k = NativeLSTM(layers, T, rs, portable=portable)
-                    assert k.isa == ("portable" if portable else k.isa)
+                    with force_target(target):
+                        k = NativeLSTM(layers, T, rs)
+                    assert k.isa == (target if target != "amx" else k.isa)
                     y = k.run(x)
                     want = reference_lstm(layers, x, rs)
                     assert y.shape == want.shape == ((T, hidden[-1]) if rs else (hidden[-1],))
@@ -54,8 +53,8 @@ def test_matches_float64_lstm(H, portable):
                     assert err < BOUND, (H, in_size, T, hidden, rs, err)
 
 
-@pytest.mark.parametrize("portable", ISAS, ids=["native", "portable"])
-def test_projected_input_runs_only_the_recurrence(portable):
+@pytest.mark.parametrize("target", TARGETS)
+def test_projected_input_runs_only_the_recurrence(target):
     """projected(): the input is x_t @ W + b for every step (what the native-bf16 plan computes on the conv
     kernel); given it exactly, the output is the full LSTM's. Stacked nets refuse it."""
     rng = np.random.default_rng(11)
@@ -63,7 +62,8 @@ def test_projected_input_runs_only_the_recurrence(portable):
         (W, U, b), = layers = random_layers(rng, in_size, [H])
         x = rng.normal(0, 1, (T, in_size)).astype(np.float32)
         g = (x.astype(np.float64) @ W + b).astype(np.float32)
-        k = NativeLSTM(layers, T, True, portable=portable).projected()
+        with force_target(target):
+            k = NativeLSTM(layers, T, True).projected()
         assert k.input_shape == (T, 4 * H)
         k.run_ptr(np.ascontiguousarray(g).ctypes.data)
         assert np.abs(k.out - reference_lstm(layers, x, True)).max() < BOUND
@@ -72,8 +72,8 @@ def test_projected_input_runs_only_the_recurrence(portable):
         NativeLSTM(random_layers(rng, 4, [3, 3]), 5).projected()
 
 
-@pytest.mark.parametrize("portable", ISAS, ids=["native", "portable"])
-def test_cell_clip(portable):
+@pytest.mark.parametrize("target", TARGETS)
+def test_cell_clip(target):
     """c driven up by ~1 per step for 15 steps, then down (make_native_lstm_models.saturating): with
     cell_clip 10 the kernel follows the clipped reference, without it the unclipped one (and the two
     differ, so the clip really engaged)."""
@@ -87,16 +87,18 @@ def test_cell_clip(portable):
         clipped, free = (reference_lstm([(W, U, b)], x, True, clip) for clip in (10.0, 0.0))
         assert np.abs(clipped - free).max() > 1e-3
         for clip, want in ((10.0, clipped), (0.0, free)):
-            y = NativeLSTM([(W, U, b)], 30, True, cell_clip=clip, portable=portable).run(x)
+            with force_target(target):
+                y = NativeLSTM([(W, U, b)], 30, True, cell_clip=clip).run(x)
             assert np.abs(y - want).max() < SAT_BOUND, (H, clip, np.abs(y - want).max())
     with pytest.raises(InputError):
         NativeLSTM([(W, U, b)], 30, cell_clip=-1)
 
 
-@pytest.mark.parametrize("portable", ISAS, ids=["native", "portable"])
-def test_activation_error(portable):
+@pytest.mark.parametrize("target", TARGETS)
+def test_activation_error(target):
     x = np.linspace(-20, 20, 1 << 18).astype(np.float32)
-    th, sg = activations(x, portable)
+    with force_target(target):
+        th, sg = activations(x)
     x64 = x.astype(np.float64)
     assert np.abs(th - np.tanh(x64)).max() < 4e-7
     assert np.abs(sg - sigmoid(x64)).max() < 2.5e-7

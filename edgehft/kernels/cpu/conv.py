@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from edgehft.errors import DTypeError, ShapeError
-from edgehft.kernels.cpu.build import NATIVE_FLAGS, NativeKernel, cached_library
+from edgehft.kernels.cpu import build
+from edgehft.kernels.cpu.build import NativeKernel
 
 SOURCE = Path(__file__).resolve().parent / "cpu_conv.cpp"
 ACTIVATIONS = {"none": 0, "relu": 1, "relu6": 2, "relu_n1_to_1": 3, "leaky_relu": 4}
@@ -33,8 +34,8 @@ ACTIVATIONS = {"none": 0, "relu": 1, "relu6": 2, "relu_n1_to_1": 3, "leaky_relu"
 
 def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
     """Build (if not cached) and load the conv library; raises ``BoardUnavailableError`` like the LSTM's."""
-    lib = cached_library(SOURCE, NATIVE_FLAGS, cache_dir)
-    if getattr(lib, "_edgehft_typed", False):
+    lib = build.load_library(cache_dir)
+    if getattr(lib, "_edgehft_conv_typed", False):
         return lib
     vp, i32 = ctypes.c_void_p, ctypes.c_int
     lib.edgehft_conv_create.restype = vp
@@ -46,7 +47,7 @@ def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
     lib.edgehft_conv_amx.restype = i32
     lib.edgehft_conv_destroy.restype = None
     lib.edgehft_conv_destroy.argtypes = [vp]
-    lib._edgehft_typed = True
+    lib._edgehft_conv_typed = True
     return lib
 
 

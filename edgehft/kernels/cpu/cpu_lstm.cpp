@@ -11,35 +11,234 @@
 // last step (H,).
 //
 // Numerics: tanh is Eigen's rational approximation (odd degree-13 / even degree-6 polynomials, input
-// clamped to +-7.90531110763549805); sigmoid(x) = 0.5 + 0.5 * tanh(x / 2). Measured max |error| against
-// float64 on [-20, 20]: tanh 3.1e-7, sigmoid 1.6e-7 (AVX-512 path; the division is rcp14 + one Newton
-// step). Sums are fp32 in a fixed order: z starts at x_t @ W + b (k ascending) then adds h_{t-1} @ U
-// (k ascending).
+// clamped to +-7.90531110763549805, Horner steps as fused multiply-adds, a true division);
+// sigmoid(x) = 0.5 + 0.5 * tanh(x / 2). Measured max |error| against float64 on [-20, 20]: tanh 3.1e-7,
+// sigmoid 1.6e-7. Sums are fp32 fused multiply-adds in a fixed order: z starts at x_t @ W + b (k
+// ascending) then adds h_{t-1} @ U (k ascending). Every lane of every target computes the same
+// operations in the same order (the fallback target's multiply-adds are std::fma), so every target gives
+// the same bits (tests/unit/test_native_dispatch.py asserts it).
 //
 // Layout: weights are copied at create in Keras column order (i | f | c | o, 4H columns) with zero
 // columns after 4H up to Np = 16 * ceil(4H / 16), rows 64-byte aligned.
 //
-// Schedule: (1) the input projection for all T steps is one GEMM G[T][Np] = X @ W + b, register
-// blocked (5 rows x 4 vectors of 16 columns); (2) per step, z = G[t] + h_{t-1} @ U with up to 28
-// accumulator vectors (448 columns, i.e. H <= 112 in one pass) held in zmm registers across the whole
-// k loop; wider layers take several balanced column chunks, each a pass over h_{t-1}; (3) the gates
-// from z with masked 16-lane loads, c kept in a buffer, h_t written to its own row of the sequence.
-//
-// Built with -march=native: the AVX-512F path when the compiler targets it (#ifdef __AVX512F__), else a
-// portable scalar path (same layout, same tanh approximation with a true division; the inner loops are
-// plain loops the compiler may auto-vectorize).
+// Schedule (per Highway target, chosen at create: cpu_dispatch.h): (1) the input projection for all T
+// steps is one GEMM G[T][Np] = X @ W + b, register blocked (5 rows x kGemmVecs vectors); (2) per step,
+// z = G[t] + h_{t-1} @ U with up to kMaxAcc accumulator vectors (AVX3: 28 x 16 lanes, i.e. H <= 112 in
+// one pass; AVX2: 12 x 8) held in registers across the whole k loop; wider layers take several balanced
+// column chunks, each a pass over h_{t-1}; (3) the gates from z a vector at a time (masked at the end),
+// c kept in a buffer, h_t written to its own row of the sequence.
 //
 // No allocation in edgehft_lstm_run: every buffer comes from edgehft_lstm_create.
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
+#include "cpu_dispatch.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu_lstm.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "cpu_simd-inl.h"
+
+#ifndef EDGEHFT_CPU_LSTM_ONCE_
+#define EDGEHFT_CPU_LSTM_ONCE_
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
+namespace edgehft {
+namespace lstm {
+
+// Eigen's rational tanh coefficients (float).
+constexpr float kClamp = 7.90531110763549805f;
+constexpr float kA13 = -2.76076847742355e-16f, kA11 = 2.00018790482477e-13f, kA9 = -8.60467152213735e-11f,
+                kA7 = 5.12229709037114e-08f, kA5 = 1.48572235717979e-05f, kA3 = 6.37261928875436e-04f,
+                kA1 = 4.89352455891786e-03f;
+constexpr float kB6 = 1.19825839466702e-06f, kB4 = 1.18534705686654e-04f, kB2 = 2.26843463243900e-03f,
+                kB0 = 4.89352518554385e-03f;
+
+// One target's code: G = X @ W + b over T rows; one recurrent step; the activation probe.
+struct Fns {
+    void (*gemm)(const float* X, int ldx, int T, int K, const float* W, int N, const float* b, float* G);
+    void (*step)(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
+                 float clip);
+    void (*act)(const float* x, float* th, float* sg, int n);
+};
+
+}  // namespace lstm
+}  // namespace edgehft
+#endif  // EDGEHFT_CPU_LSTM_ONCE_
+
+HWY_BEFORE_NAMESPACE();
+namespace edgehft {
+namespace HWY_NAMESPACE {
 namespace {
+namespace hn = hwy::HWY_NAMESPACE;
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_NEON
+constexpr int kMaxAcc = 28, kGemmVecs = 4;     // 32 vector registers
+#elif HWY_TARGET == HWY_AVX2
+constexpr int kMaxAcc = 12, kGemmVecs = 2;     // 16 vector registers
+#else
+constexpr int kMaxAcc = 16, kGemmVecs = 4;
+#endif
+constexpr int kGemmRows = 5;
+
+HWY_INLINE V Tanh(D d, V x) {
+    using namespace lstm;
+    x = ClampKeepNaN(x, hn::Set(d, -kClamp), hn::Set(d, kClamp));
+    const V x2 = hn::Mul(x, x);
+    V p = Fma(d, x2, hn::Set(d, kA13), hn::Set(d, kA11));
+    p = Fma(d, x2, p, hn::Set(d, kA9));
+    p = Fma(d, x2, p, hn::Set(d, kA7));
+    p = Fma(d, x2, p, hn::Set(d, kA5));
+    p = Fma(d, x2, p, hn::Set(d, kA3));
+    p = Fma(d, x2, p, hn::Set(d, kA1));
+    p = hn::Mul(x, p);
+    V q = Fma(d, x2, hn::Set(d, kB6), hn::Set(d, kB4));
+    q = Fma(d, x2, q, hn::Set(d, kB2));
+    q = Fma(d, x2, q, hn::Set(d, kB0));
+    return hn::Div(p, q);
+}
+
+HWY_INLINE V Sigmoid(D d, V x) {
+    const V h = hn::Set(d, 0.5f);
+    return Fma(d, h, Tanh(d, hn::Mul(h, x)), h);
+}
+
+// G[r][col0 .. col0 + C vectors) = X[r][:K] @ W[:K][cols] + b[cols], rows r < R. X row stride ldx, W/G
+// stride N.
+template <int R, int C>
+HWY_INLINE void GemmBlock(const float* X, int ldx, const float* W, int N, int K, const float* b, float* G,
+                          int col0) {
+    const D d;
+    const int L = static_cast<int>(hn::Lanes(d));
+    V acc[R][C];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = hn::Load(d, b + col0 + L * c);
+    for (int k = 0; k < K; k++) {
+        V w[C];
+        for (int c = 0; c < C; c++) w[c] = hn::Load(d, W + (size_t)k * N + col0 + L * c);
+        for (int r = 0; r < R; r++) {
+            const V xv = hn::Set(d, X[(size_t)r * ldx + k]);
+            for (int c = 0; c < C; c++) acc[r][c] = Fma(d, xv, w[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) hn::Store(acc[r][c], d, G + (size_t)r * N + col0 + L * c);
+}
+
+// Rows [t, T) in blocks of kGemmRows, then the 1 .. kGemmRows-1 rows left.
+template <int R, int C>
+HWY_INLINE void GemmRows(const float* X, int ldx, int t, int T, int K, const float* W, int N, const float* b,
+                         float* G, int col0) {
+    for (; t + R <= T; t += R) GemmBlock<R, C>(X + (size_t)t * ldx, ldx, W, N, K, b, G + (size_t)t * N, col0);
+    if constexpr (R > 1) {
+        if (t < T) GemmRows<R - 1, C>(X, ldx, t, T, K, W, N, b, G, col0);
+    }
+}
+
+template <int C>
+HWY_INLINE void GemmTail(int nvec, const float* X, int ldx, int T, int K, const float* W, int N, const float* b,
+                         float* G, int col0) {
+    if (nvec == C) GemmRows<kGemmRows, C>(X, ldx, 0, T, K, W, N, b, G, col0);
+    if constexpr (C > 1) {
+        if (nvec < C) GemmTail<C - 1>(nvec, X, ldx, T, K, W, N, b, G, col0);
+    }
+}
+
+// G[T][N] = X[T][K] @ W[K][N] + b; N a multiple of 16 (so of the lanes), W/b/G 64-byte aligned.
+void Gemm(const float* X, int ldx, int T, int K, const float* W, int N, const float* b, float* G) {
+    const int L = static_cast<int>(hn::Lanes(D()));
+    const int step = kGemmVecs * L;
+    int col0 = 0;
+    for (; col0 + step <= N; col0 += step) GemmRows<kGemmRows, kGemmVecs>(X, ldx, 0, T, K, W, N, b, G, col0);
+    if (col0 < N) GemmTail<kGemmVecs - 1>((N - col0) / L, X, ldx, T, K, W, N, b, G, col0);
+}
+
+// z[v0*L .. (v0+NV)*L) = g + hprev @ U (hprev may be null: step 0), NV accumulators in registers.
+template <int NV>
+HWY_INLINE void RecurChunk(const float* g, const float* hprev, int H, int N, const float* U, float* z, int v0) {
+    const D d;
+    const int L = static_cast<int>(hn::Lanes(d));
+    V acc[NV];
+    for (int v = 0; v < NV; v++) acc[v] = hn::Load(d, g + L * (v0 + v));
+    if (hprev) {
+        for (int k = 0; k < H; k++) {
+            const V hv = hn::Set(d, hprev[k]);
+            const float* u = U + (size_t)k * N + L * v0;
+            for (int v = 0; v < NV; v++) acc[v] = Fma(d, hv, hn::Load(d, u + L * v), acc[v]);
+        }
+    }
+    for (int v = 0; v < NV; v++) hn::Store(acc[v], d, z + L * (v0 + v));
+}
+
+template <int NV>
+HWY_INLINE void RecurChunkN(int nv, const float* g, const float* hprev, int H, int N, const float* U, float* z,
+                            int v0) {
+    if (nv == NV) RecurChunk<NV>(g, hprev, H, N, U, z, v0);
+    if constexpr (NV > 1) {
+        if (nv < NV) RecurChunkN<NV - 1>(nv, g, hprev, H, N, U, z, v0);
+    }
+}
+
+// Gates from z (Keras order, 4H contiguous): updates c (clamped to +-clip when clip > 0), writes h[0..H).
+HWY_INLINE void Gates(const float* z, int H, float* c, float* h, float clip) {
+    const D d;
+    const int L = static_cast<int>(hn::Lanes(d));
+    const V hi = hn::Set(d, clip > 0 ? clip : __builtin_huge_valf()), lo = hn::Neg(hi);
+    for (int j = 0; j < H; j += L) {
+        const auto m = hn::FirstN(d, static_cast<size_t>(H - j));
+        const V zi = hn::MaskedLoad(m, d, z + j), zf = hn::MaskedLoad(m, d, z + H + j);
+        const V zc = hn::MaskedLoad(m, d, z + 2 * H + j), zo = hn::MaskedLoad(m, d, z + 3 * H + j);
+        V cv = hn::MaskedLoad(m, d, c + j);
+        cv = Fma(d, Sigmoid(d, zf), cv, hn::Mul(Sigmoid(d, zi), Tanh(d, zc)));
+        cv = ClampKeepNaN(cv, lo, hi);
+        hn::BlendedStore(cv, m, d, c + j);
+        hn::BlendedStore(hn::Mul(Sigmoid(d, zo), Tanh(d, cv)), m, d, h + j);
+    }
+}
+
+void Step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
+          float clip) {
+    const int NVt = N / static_cast<int>(hn::Lanes(D()));
+    const int nchunks = (NVt + kMaxAcc - 1) / kMaxAcc;     // <= kMaxAcc accumulators per pass over h
+    int v0 = 0;
+    for (int ci = 0; ci < nchunks; ci++) {
+        const int nv = (NVt - v0) / (nchunks - ci);          // balanced chunks
+        RecurChunkN<kMaxAcc>(nv, g, hprev, H, N, U, z, v0);
+        v0 += nv;
+    }
+    Gates(z, H, c, h, clip);
+}
+
+// th[i] = tanh(x[i]), sg[i] = sigmoid(x[i]) exactly as Step computes them.
+void Act(const float* x, float* th, float* sg, int n) {
+    const D d;
+    const int L = static_cast<int>(hn::Lanes(d));
+    for (int i = 0; i < n; i += L) {
+        const auto m = hn::FirstN(d, static_cast<size_t>(n - i));
+        const V v = hn::MaskedLoad(m, d, x + i);
+        hn::BlendedStore(Tanh(d, v), m, d, th + i);
+        hn::BlendedStore(Sigmoid(d, v), m, d, sg + i);
+    }
+}
+
+}  // namespace
+
+extern const lstm::Fns kLstmFns;
+const lstm::Fns kLstmFns = {&Gemm, &Step, &Act};
+
+}  // namespace HWY_NAMESPACE
+}  // namespace edgehft
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace edgehft {
+namespace {
+
+const lstm::Fns* const kTable[kSlots] = EDGEHFT_SLOT_TABLE(kLstmFns);
 
 float* falloc(size_t n) {
     void* p = nullptr;
@@ -50,201 +249,14 @@ float* falloc(size_t n) {
     return static_cast<float*>(p);
 }
 
-// Eigen's rational tanh coefficients (float).
-constexpr float kClamp = 7.90531110763549805f;
-constexpr float kA13 = -2.76076847742355e-16f, kA11 = 2.00018790482477e-13f, kA9 = -8.60467152213735e-11f,
-                kA7 = 5.12229709037114e-08f, kA5 = 1.48572235717979e-05f, kA3 = 6.37261928875436e-04f,
-                kA1 = 4.89352455891786e-03f;
-constexpr float kB6 = 1.19825839466702e-06f, kB4 = 1.18534705686654e-04f, kB2 = 2.26843463243900e-03f,
-                kB0 = 4.89352518554385e-03f;
-
-inline float tanh_s(float x) {
-    x = std::min(std::max(x, -kClamp), kClamp);
-    float x2 = x * x;
-    float p = kA13;
-    p = x2 * p + kA11; p = x2 * p + kA9; p = x2 * p + kA7; p = x2 * p + kA5; p = x2 * p + kA3; p = x2 * p + kA1;
-    p = x * p;
-    float q = kB6;
-    q = x2 * q + kB4; q = x2 * q + kB2; q = x2 * q + kB0;
-    return p / q;
-}
-inline float sigm_s(float x) { return 0.5f + 0.5f * tanh_s(0.5f * x); }
-
-#ifdef __AVX512F__
-inline __m512 tanh16(__m512 x) {
-    const __m512 lim = _mm512_set1_ps(kClamp);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim);
-    __m512 x2 = _mm512_mul_ps(x, x);
-    __m512 p = _mm512_set1_ps(kA13);
-    p = _mm512_fmadd_ps(x2, p, _mm512_set1_ps(kA11));
-    p = _mm512_fmadd_ps(x2, p, _mm512_set1_ps(kA9));
-    p = _mm512_fmadd_ps(x2, p, _mm512_set1_ps(kA7));
-    p = _mm512_fmadd_ps(x2, p, _mm512_set1_ps(kA5));
-    p = _mm512_fmadd_ps(x2, p, _mm512_set1_ps(kA3));
-    p = _mm512_fmadd_ps(x2, p, _mm512_set1_ps(kA1));
-    p = _mm512_mul_ps(x, p);
-    __m512 q = _mm512_set1_ps(kB6);
-    q = _mm512_fmadd_ps(x2, q, _mm512_set1_ps(kB4));
-    q = _mm512_fmadd_ps(x2, q, _mm512_set1_ps(kB2));
-    q = _mm512_fmadd_ps(x2, q, _mm512_set1_ps(kB0));
-    __m512 r = _mm512_rcp14_ps(q);                                    // 1/q: rcp14 + one Newton step
-    r = _mm512_mul_ps(r, _mm512_fnmadd_ps(q, r, _mm512_set1_ps(2.0f)));
-    return _mm512_mul_ps(p, r);
-}
-inline __m512 sigm16(__m512 x) {
-    const __m512 h = _mm512_set1_ps(0.5f);
-    return _mm512_fmadd_ps(h, tanh16(_mm512_mul_ps(h, x)), h);
-}
-
-// G[r][col0 .. col0+16C) = X[r][:K] @ W[:K][cols] + b[cols], rows r < R. X row stride ldx, W/G stride N.
-template <int R, int C>
-inline void gemm_block(const float* X, int ldx, const float* W, int N, int K, const float* b, float* G, int col0) {
-    __m512 acc[R][C];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_load_ps(b + col0 + 16 * c);
-    for (int k = 0; k < K; k++) {
-        __m512 w[C];
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) w[c] = _mm512_load_ps(W + (size_t)k * N + col0 + 16 * c);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            __m512 xv = _mm512_set1_ps(X[(size_t)r * ldx + k]);
-#pragma GCC unroll 8
-            for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(xv, w[c], acc[r][c]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) _mm512_store_ps(G + (size_t)r * N + col0 + 16 * c, acc[r][c]);
-}
-
-template <int C>
-void gemm_cols(const float* X, int ldx, int T, int K, const float* W, int N, const float* b, float* G, int col0) {
-    int t = 0;
-    for (; t + 5 <= T; t += 5) gemm_block<5, C>(X + (size_t)t * ldx, ldx, W, N, K, b, G + (size_t)t * N, col0);
-    switch (T - t) {
-        case 4: gemm_block<4, C>(X + (size_t)t * ldx, ldx, W, N, K, b, G + (size_t)t * N, col0); break;
-        case 3: gemm_block<3, C>(X + (size_t)t * ldx, ldx, W, N, K, b, G + (size_t)t * N, col0); break;
-        case 2: gemm_block<2, C>(X + (size_t)t * ldx, ldx, W, N, K, b, G + (size_t)t * N, col0); break;
-        case 1: gemm_block<1, C>(X + (size_t)t * ldx, ldx, W, N, K, b, G + (size_t)t * N, col0); break;
-        default: break;
-    }
-}
-
-// G[T][N] = X[T][K] @ W[K][N] + b; N a multiple of 16, W/b/G 64-byte aligned.
-void gemm(const float* X, int ldx, int T, int K, const float* W, int N, const float* b, float* G) {
-    int col0 = 0;
-    for (; col0 + 64 <= N; col0 += 64) gemm_cols<4>(X, ldx, T, K, W, N, b, G, col0);
-    switch ((N - col0) / 16) {
-        case 3: gemm_cols<3>(X, ldx, T, K, W, N, b, G, col0); break;
-        case 2: gemm_cols<2>(X, ldx, T, K, W, N, b, G, col0); break;
-        case 1: gemm_cols<1>(X, ldx, T, K, W, N, b, G, col0); break;
-        default: break;
-    }
-}
-
-// z[v0*16 .. (v0+NV)*16) = g + hprev @ U (hprev may be null: step 0), NV accumulators in registers.
-template <int NV>
-inline void recur_chunk(const float* g, const float* hprev, int H, int N, const float* U, float* z, int v0) {
-    __m512 acc[NV];
-#pragma GCC unroll 32
-    for (int v = 0; v < NV; v++) acc[v] = _mm512_load_ps(g + 16 * (v0 + v));
-    if (hprev) {
-        for (int k = 0; k < H; k++) {
-            __m512 hv = _mm512_set1_ps(hprev[k]);
-            const float* u = U + (size_t)k * N + 16 * v0;
-#pragma GCC unroll 32
-            for (int v = 0; v < NV; v++) acc[v] = _mm512_fmadd_ps(hv, _mm512_load_ps(u + 16 * v), acc[v]);
-        }
-    }
-#pragma GCC unroll 32
-    for (int v = 0; v < NV; v++) _mm512_store_ps(z + 16 * (v0 + v), acc[v]);
-}
-
-// Gates from z (Keras order, 4H contiguous): updates c (clamped to +-clip when clip > 0), writes h[0..H).
-inline void gates(const float* z, int H, float* c, float* h, float clip) {
-    const __m512 hi = _mm512_set1_ps(clip > 0 ? clip : __builtin_huge_valf());
-    const __m512 lo = _mm512_sub_ps(_mm512_setzero_ps(), hi);
-    for (int j = 0; j < H; j += 16) {
-        __mmask16 m = (H - j >= 16) ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1);
-        __m512 zi = _mm512_maskz_loadu_ps(m, z + j), zf = _mm512_maskz_loadu_ps(m, z + H + j);
-        __m512 zc = _mm512_maskz_loadu_ps(m, z + 2 * H + j), zo = _mm512_maskz_loadu_ps(m, z + 3 * H + j);
-        __m512 cv = _mm512_maskz_loadu_ps(m, c + j);
-        cv = _mm512_fmadd_ps(sigm16(zf), cv, _mm512_mul_ps(sigm16(zi), tanh16(zc)));
-        cv = _mm512_min_ps(_mm512_max_ps(cv, lo), hi);
-        _mm512_mask_storeu_ps(c + j, m, cv);
-        _mm512_mask_storeu_ps(h + j, m, _mm512_mul_ps(sigm16(zo), tanh16(cv)));
-    }
-}
-
-#define EDGEHFT_CHUNK(n) case n: recur_chunk<n>(g, hprev, H, N, U, z, v0); break;
-inline void step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
-                 float clip) {
-    const int NVt = N / 16;
-    const int nchunks = (NVt + 27) / 28;               // <= 28 accumulators per pass over h
-    int v0 = 0;
-    for (int ci = 0; ci < nchunks; ci++) {
-        int nv = (NVt - v0) / (nchunks - ci);           // balanced chunks
-        switch (nv) {
-            EDGEHFT_CHUNK(28) EDGEHFT_CHUNK(27) EDGEHFT_CHUNK(26) EDGEHFT_CHUNK(25) EDGEHFT_CHUNK(24)
-            EDGEHFT_CHUNK(23) EDGEHFT_CHUNK(22) EDGEHFT_CHUNK(21) EDGEHFT_CHUNK(20) EDGEHFT_CHUNK(19)
-            EDGEHFT_CHUNK(18) EDGEHFT_CHUNK(17) EDGEHFT_CHUNK(16) EDGEHFT_CHUNK(15) EDGEHFT_CHUNK(14)
-            EDGEHFT_CHUNK(13) EDGEHFT_CHUNK(12) EDGEHFT_CHUNK(11) EDGEHFT_CHUNK(10) EDGEHFT_CHUNK(9)
-            EDGEHFT_CHUNK(8) EDGEHFT_CHUNK(7) EDGEHFT_CHUNK(6) EDGEHFT_CHUNK(5) EDGEHFT_CHUNK(4)
-            EDGEHFT_CHUNK(3) EDGEHFT_CHUNK(2) EDGEHFT_CHUNK(1)
-            default: break;
-        }
-        v0 += nv;
-    }
-    gates(z, H, c, h, clip);
-}
-#undef EDGEHFT_CHUNK
-constexpr int kIsa = 1;
-#else
-// Portable path: same layout and order of sums, scalar activations.
-void gemm(const float* X, int ldx, int T, int K, const float* W, int N, const float* b, float* G) {
-    for (int t = 0; t < T; t++) {
-        float* gr = G + (size_t)t * N;
-        const float* xr = X + (size_t)t * ldx;
-        for (int n = 0; n < N; n++) gr[n] = b[n];
-        for (int k = 0; k < K; k++) {
-            const float xv = xr[k];
-            const float* w = W + (size_t)k * N;
-            for (int n = 0; n < N; n++) gr[n] += xv * w[n];
-        }
-    }
-}
-
-inline void step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
-                 float clip) {
-    for (int n = 0; n < N; n++) z[n] = g[n];
-    if (hprev) {
-        for (int k = 0; k < H; k++) {
-            const float hv = hprev[k];
-            const float* u = U + (size_t)k * N;
-            for (int n = 0; n < N; n++) z[n] += hv * u[n];
-        }
-    }
-    for (int j = 0; j < H; j++) {
-        float cv = sigm_s(z[H + j]) * c[j] + sigm_s(z[j]) * tanh_s(z[2 * H + j]);
-        if (clip > 0) cv = std::min(std::max(cv, -clip), clip);
-        c[j] = cv;
-        h[j] = sigm_s(z[3 * H + j]) * tanh_s(cv);
-    }
-}
-constexpr int kIsa = 0;
-#endif
-
 struct Layer {
     int in = 0, H = 0, Hp = 0, Np = 0;                // Hp = 16*ceil(H/16), Np = 16*ceil(4H/16)
     float *W = nullptr, *U = nullptr, *b = nullptr;   // W [in][Np], U [H][Np], b [Np]: Keras columns, 0 after 4H
 };
 
 struct Net {
-    int T = 0, in0 = 0, return_sequences = 0;
+    int T = 0, in0 = 0, return_sequences = 0, slot = 0;
+    const lstm::Fns* fn = nullptr;
     float cell_clip = 0;
     Layer* L = nullptr;
     int nl = 0;
@@ -268,8 +280,8 @@ void pad_cols(const float* src, int rows, int N, int Np, float* dst) {
 
 extern "C" {
 
-// 1 when built with the AVX-512F path, 0 for the portable path.
-int edgehft_lstm_isa() { return kIsa; }
+// The target slot a net runs (cpu_dispatch.h: 1 avx3, 2 avx2, 3 neon, 4 the fallback), chosen at create.
+int edgehft_lstm_slot(void* p) { return static_cast<Net*>(p)->slot; }
 
 // Copies the weights. Ws[l] (in_l, 4H_l), Us[l] (H_l, 4H_l), bs[l] (4H_l,), Keras layout, float32,
 // in_0 = in0 and in_l = H_{l-1}. cell_clip > 0 clamps every c_t to [-cell_clip, cell_clip] (TFLite's
@@ -279,6 +291,8 @@ void* edgehft_lstm_create(int nl, int T, int in0, const int* Hs, const float* co
     if (nl < 1 || T < 1 || in0 < 1) return nullptr;
     Net* n = new (std::nothrow) Net();
     if (!n) return nullptr;
+    n->slot = simd_slot(current_slot());
+    n->fn = kTable[n->slot];
     n->T = T; n->in0 = in0; n->return_sequences = return_sequences ? 1 : 0;
     n->cell_clip = cell_clip > 0 ? cell_clip : 0;
     n->L = new (std::nothrow) Layer[nl];
@@ -318,7 +332,7 @@ float* recur(Net* n, int l) {
     float* seq = n->seq[l & 1];
     for (int t = 0; t < n->T; t++) {
         const float* hprev = t ? seq + (size_t)(t - 1) * y.Hp : nullptr;
-        step(n->G + (size_t)t * y.Np, hprev, y.H, y.Np, y.U, n->c, seq + (size_t)t * y.Hp, n->z, n->cell_clip);
+        n->fn->step(n->G + (size_t)t * y.Np, hprev, y.H, y.Np, y.U, n->c, seq + (size_t)t * y.Hp, n->z, n->cell_clip);
     }
     return seq;
 }
@@ -342,7 +356,7 @@ int edgehft_lstm_run(void* p, const float* x, float* out) {
     float* seq = nullptr;
     for (int l = 0; l < n->nl; l++) {
         const Layer& y = n->L[l];
-        gemm(X, ldx, n->T, y.in, y.W, y.Np, y.b, n->G);
+        n->fn->gemm(X, ldx, n->T, y.in, y.W, y.Np, y.b, n->G);
         seq = recur(n, l);
         X = seq; ldx = y.Hp;
     }
@@ -363,17 +377,12 @@ int edgehft_lstm_run_projected(void* p, const float* g, float* out) {
     return 0;
 }
 
-// Activation probe for tests: th[i] = tanh(x[i]), sg[i] = sigmoid(x[i]) as the kernel computes them.
+// Activation probe for tests: th[i] = tanh(x[i]), sg[i] = sigmoid(x[i]) as the kernels created now compute
+// them (the current target's code).
 void edgehft_lstm_act_probe(const float* x, float* th, float* sg, int n) {
-    int i = 0;
-#ifdef __AVX512F__
-    for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        _mm512_storeu_ps(th + i, tanh16(v));
-        _mm512_storeu_ps(sg + i, sigm16(v));
-    }
-#endif
-    for (; i < n; i++) { th[i] = tanh_s(x[i]); sg[i] = sigm_s(x[i]); }
+    kTable[simd_slot(current_slot())]->act(x, th, sg, n);
 }
 
 }  // extern "C"
+}  // namespace edgehft
+#endif  // HWY_ONCE

@@ -11,35 +11,40 @@ rational approximation (max |error| 3.1e-7 against float64 on [-20, 20]), sigmoi
 tests cover (bound asserted: 2e-6, ``tests/test_native_lstm.py``).
 
 The schedule: one register-blocked GEMM for the input projection of all timesteps, then per step the
-recurrent product with up to 28 accumulator vectors (the 4 gates of up to 112 hidden units) held in AVX-512
-registers over the whole k loop (wider layers: several column chunks), then the gates (16 lanes at a time).
-The AVX-512F path is compiled when ``g++ -march=native`` targets it; otherwise (or with
-``portable=True``) a plain C++ path with the same layout and approximations.
+recurrent product with its accumulator vectors held in registers over the whole k loop (AVX-512: up to 28,
+the 4 gates of up to 112 hidden units; wider layers: several column chunks), then the gates a vector at a
+time. The code is Google Highway's, compiled for every target (AVX-512, AVX2, NEON, scalar) in one library
+that runs the best this CPU has (:mod:`edgehft.kernels.cpu.build`; ``portable=True`` or
+:func:`~edgehft.kernels.cpu.build.force_target` picks another). Every target gives the same bits: the
+same fused multiply-adds in the same order on every lane.
 
-The shared library is built on first use and cached (:mod:`edgehft.kernels.cpu.build`); no g++ or a
-failed build raises :class:`~edgehft.errors.BoardUnavailableError`.
+The library is prebuilt or built on first use and cached (:mod:`edgehft.kernels.cpu.build`); neither
+(no g++ or a failed build) raises :class:`~edgehft.errors.BoardUnavailableError`.
 
     k = NativeLSTM([(kernel, recurrent_kernel, bias)], timesteps=100, return_sequences=False)
     y = k.run(x)          # x (100, in) or (1, 100, in) float32 -> y (H,) float32 (a reused buffer)
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from pathlib import Path
 
 import numpy as np
 
 from edgehft.errors import DTypeError, ShapeError
-from edgehft.kernels.cpu.build import NATIVE_FLAGS, NativeKernel, cached_library
+from edgehft.kernels.cpu import build
+from edgehft.kernels.cpu.build import NativeKernel
 
 SOURCE = Path(__file__).resolve().parent / "cpu_lstm.cpp"
-PORTABLE_FLAGS = ("-O3", "-march=native", "-mno-avx512f", "-std=c++17")
+PORTABLE_TARGET = "scalar"
 
 
 def load_library(portable: bool = False, cache_dir: Path | str | None = None) -> ctypes.CDLL:
-    """Build (if not cached) and load the kernel library. ``portable`` builds without AVX-512F."""
-    lib = cached_library(SOURCE, PORTABLE_FLAGS if portable else NATIVE_FLAGS, cache_dir)
-    if getattr(lib, "_edgehft_typed", False):
+    """The kernel library (:func:`edgehft.kernels.cpu.build.load_library`) with the LSTM functions typed.
+    ``portable`` is accepted for compatibility: one library holds every target now."""
+    lib = build.load_library(cache_dir)
+    if getattr(lib, "_edgehft_lstm_typed", False):
         return lib
     vp, i32 = ctypes.c_void_p, ctypes.c_int
     lib.edgehft_lstm_create.restype = vp
@@ -50,19 +55,27 @@ def load_library(portable: bool = False, cache_dir: Path | str | None = None) ->
     lib.edgehft_lstm_run_projected.argtypes = [vp, vp, vp]
     lib.edgehft_lstm_destroy.restype = None
     lib.edgehft_lstm_destroy.argtypes = [vp]
-    lib.edgehft_lstm_isa.restype = i32
+    lib.edgehft_lstm_slot.restype = i32
+    lib.edgehft_lstm_slot.argtypes = [vp]
     lib.edgehft_lstm_act_probe.restype = None
     lib.edgehft_lstm_act_probe.argtypes = [vp, vp, vp, i32]
-    lib._edgehft_typed = True
+    lib._edgehft_lstm_typed = True
     return lib
 
 
+def _target(portable: bool):
+    """The target a kernel is created under: the scalar fallback for ``portable``, else the one in force."""
+    return build.force_target(PORTABLE_TARGET) if portable else contextlib.nullcontext()
+
+
 def activations(x: np.ndarray, portable: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(tanh(x), sigmoid(x)) as the kernel computes them, float32 (for accuracy checks)."""
-    lib = load_library(portable)
+    """(tanh(x), sigmoid(x)) as the kernels created now compute them (``portable``: the scalar target's),
+    float32 of ``x``'s size (for accuracy checks)."""
+    lib = load_library()
     x = np.ascontiguousarray(x, np.float32).ravel()
     th, sg = np.empty_like(x), np.empty_like(x)
-    lib.edgehft_lstm_act_probe(x.ctypes.data, th.ctypes.data, sg.ctypes.data, x.size)
+    with _target(portable):
+        lib.edgehft_lstm_act_probe(x.ctypes.data, th.ctypes.data, sg.ctypes.data, x.size)
     return th, sg
 
 
@@ -79,7 +92,9 @@ class NativeLSTM(NativeKernel):
         cell_clip: when > 0, every cell state c_t is clamped to [-cell_clip, cell_clip] after its update,
             as TFLite's ``UNIDIRECTIONAL_SEQUENCE_LSTM`` does with its ``cell_clip`` option (the TF
             converter writes 10.0 for a Keras LSTM; Keras itself never clips: the default 0 is Keras).
-        portable: use the library built without AVX-512F (for tests of that path).
+        portable: run the scalar fallback target (what any CPU runs; the same bits as every other target),
+            else the target in force (:func:`edgehft.kernels.cpu.build.dispatch_target`). :attr:`isa`
+            names the target the kernel runs.
 
     :meth:`run` writes into one preallocated float32 buffer (:attr:`out`) and returns it: copy it if you
     keep it past the next call. Raises :class:`~edgehft.errors.ShapeError` (an ``InputError``) for
@@ -120,17 +135,18 @@ class NativeLSTM(NativeKernel):
         self.cell_clip = float(cell_clip)
         if not np.isfinite(self.cell_clip) or self.cell_clip < 0:
             raise ShapeError(f"cell_clip must be a finite value >= 0 (0: no clipping), got {cell_clip}")
-        self._lib = load_library(portable)
-        self.isa = "avx512f" if self._lib.edgehft_lstm_isa() else "portable"
+        self._lib = load_library()
         n = len(layers)
         P = ctypes.c_void_p * n
-        handle = self._lib.edgehft_lstm_create(
-            n, T, self.input_size, (ctypes.c_int * n)(*Hs), P(*[a.ctypes.data for a in Ws]),
-            P(*[a.ctypes.data for a in Us]), P(*[a.ctypes.data for a in bs]), int(self.return_sequences),
-            self.cell_clip)
+        with _target(portable):
+            handle = self._lib.edgehft_lstm_create(
+                n, T, self.input_size, (ctypes.c_int * n)(*Hs), P(*[a.ctypes.data for a in Ws]),
+                P(*[a.ctypes.data for a in Us]), P(*[a.ctypes.data for a in bs]), int(self.return_sequences),
+                self.cell_clip)
         if not handle:
             raise MemoryError("edgehft_lstm_create failed (out of memory)")
         self._h = ctypes.c_void_p(handle)
+        self.isa = build.slot_name(self._lib.edgehft_lstm_slot(self._h))
         self.out = np.zeros((T, Hs[-1]) if self.return_sequences else (Hs[-1],), np.float32)
         self._outp = ctypes.c_void_p(self.out.ctypes.data)
         self._run = self._lib.edgehft_lstm_run

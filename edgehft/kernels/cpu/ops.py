@@ -23,7 +23,8 @@ import numpy as np
 
 from edgehft.errors import DTypeError, ShapeError
 from edgehft.kernels.cpu.conv import geometry
-from edgehft.kernels.cpu.build import NATIVE_FLAGS, NativeKernel, cached_library
+from edgehft.kernels.cpu import build
+from edgehft.kernels.cpu.build import NativeKernel
 
 SOURCE = Path(__file__).resolve().parent / "cpu_ops.cpp"
 POOL_ACTIVATIONS = {"none": 0, "relu": 1, "relu_n1_to_1": 2, "relu6": 3}
@@ -31,8 +32,8 @@ POOL_ACTIVATIONS = {"none": 0, "relu": 1, "relu_n1_to_1": 2, "relu6": 3}
 
 def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
     """Build (if not cached) and load the library; raises ``BoardUnavailableError`` like the LSTM's."""
-    lib = cached_library(SOURCE, NATIVE_FLAGS, cache_dir)
-    if getattr(lib, "_edgehft_typed", False):
+    lib = build.load_library(cache_dir)
+    if getattr(lib, "_edgehft_ops_typed", False):
         return lib
     vp, i32 = ctypes.c_void_p, ctypes.c_int
     lib.edgehft_pool_create.restype = vp
@@ -55,7 +56,7 @@ def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
     lib.edgehft_softmax_run.restype = i32
     lib.edgehft_softmax_run.argtypes = [vp, vp, vp]
     lib.edgehft_softmax_destroy.argtypes = [vp]
-    lib._edgehft_typed = True
+    lib._edgehft_ops_typed = True
     return lib
 
 
