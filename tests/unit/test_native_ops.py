@@ -5,19 +5,26 @@ import numpy as np
 import pytest
 
 from edgehft.errors import DTypeError, ShapeError
+from edgehft.kernels.cpu.build import force_target
 from edgehft.kernels.cpu.ops import NativeConcat, NativeDense, NativeMaxPool2D, NativeSoftmax
-from native_reference import reference_maxpool
+from native_reference import cpu_targets, reference_maxpool
+
+TARGETS = cpu_targets()      # every dispatch target this CPU runs: pool and dense run each one's SIMD code
 
 pytestmark = pytest.mark.needs("g++")
 
 
 @pytest.mark.parametrize("case", [((100, 1, 64), (3, 1), (1, 1), "SAME"), ((28, 28, 3), (2, 2), (2, 2), "VALID"),
                                   ((13, 11, 5), (3, 3), (2, 2), "SAME"), ((7, 9, 16), (7, 2), (1, 3), "VALID")])
-def test_maxpool_is_exact(case):
+@pytest.mark.parametrize("target", TARGETS)
+def test_maxpool_is_exact(case, target):
     (H, W, C), f, stride, padding = case
     x = np.random.default_rng(H).standard_normal((1, H, W, C)).astype(np.float32) - 2.0   # mostly negative
     for act in ("none", "relu", "relu6"):
-        y = NativeMaxPool2D((H, W), C, f, stride, padding, act).run(x)
+        with force_target(target):
+            pool = NativeMaxPool2D((H, W), C, f, stride, padding, act)
+        assert pool.isa == target or target == "amx"
+        y = pool.run(x)
         np.testing.assert_array_equal(y[0], reference_maxpool(x[0], f, stride, padding, act))
 
 
@@ -31,14 +38,16 @@ def test_concat_is_exact_on_every_axis():
         assert cat.run(xs) is cat.out
 
 
-def test_dense_matches_float64():
+@pytest.mark.parametrize("target", TARGETS)
+def test_dense_matches_float64(target):
     rng = np.random.default_rng(2)
     for rows, N, M in ((1, 64, 3), (5, 100, 1), (3, 17, 40)):
         w = rng.standard_normal((M, N)).astype(np.float32)
         b = rng.standard_normal(M).astype(np.float32)
         x = rng.standard_normal((rows, N)).astype(np.float32)
         for act, f in (("none", lambda v: v), ("relu", lambda v: np.maximum(v, 0))):
-            y = NativeDense(w, b, rows, activation=act).run(x)
+            with force_target(target):
+                y = NativeDense(w, b, rows, activation=act).run(x)
             ref = f(x.astype(np.float64) @ w.T.astype(np.float64) + b)
             mag = np.abs(x).astype(np.float64) @ np.abs(w).T.astype(np.float64) + np.abs(b)
             assert y.shape == (rows, M) and (np.abs(y - ref) <= 1e-6 * mag).all()

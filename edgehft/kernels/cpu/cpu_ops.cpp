@@ -11,37 +11,44 @@
 // outer index, input 0's inner_0 values, then input 1's, ... (memcpy; exact).
 //
 // FULLY_CONNECTED (fp32): out[r][m] = act(bias[m] + sum_n x[r][n] * w[m][n]), w in TFLite's (M, N) layout;
-// the sum runs over n in 16 fp32 lanes (lane n % 16), then the lanes are added in a fixed tree order.
+// the sum runs over n in 16 fp32 lanes (lane n % 16, fused multiply-adds), then the lanes are added in a
+// fixed tree order. The 16 lanes are one AVX-512 vector, two AVX2 ones, four NEON ones or 16 scalars: every
+// target gives the same bits.
 // SOFTMAX (fp32, TFLite reference kernel): out[r][i] = exp(beta * (x[r][i] - max_r)) / sum_j exp(...).
+//
+// MAX_POOL_2D's max and the activations are comparisons (std::max's: a NaN input is not propagated
+// through the max, as in TFLite's reference kernel), so pool results are the same on every target too.
+// Pool and dense run on Google Highway, compiled per target (cpu_dispatch.h); the target is chosen at
+// create. Concat and softmax are plain C++ (memcpy; std::exp).
+#include "cpu_dispatch.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu_ops.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "cpu_simd-inl.h"
+
+#ifndef EDGEHFT_CPU_OPS_ONCE_
+#define EDGEHFT_CPU_OPS_ONCE_
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
-namespace {
+namespace edgehft {
+namespace ops {
 
 struct Pool {
     int H, W, C, Ho, Wo, fh, fw, sh, sw, ph, pw, act;
-};
-
-struct Concat {
-    int n, outer;
-    int* inner;
+    int slot;
 };
 
 struct Dense {
     int rows, N, M, act;
-    float* w;                 // (M, N), rows 64-byte aligned at stride Np
+    float* w;                 // (M, N), rows 64-byte aligned at stride Np, zeros after N
     float* b;                 // (M,)
     int Np;
-};
-
-struct Softmax {
-    int rows, N;
-    float beta;
+    int slot;
 };
 
 inline float activate(float v, int act) {
@@ -52,6 +59,117 @@ inline float activate(float v, int act) {
         default: return v;
     }
 }
+
+struct Fns {
+    void (*pool)(const Pool& p, const float* x, float* out);
+    void (*dense)(const Dense& d, const float* x, float* out);
+};
+
+}  // namespace ops
+}  // namespace edgehft
+#endif  // EDGEHFT_CPU_OPS_ONCE_
+
+HWY_BEFORE_NAMESPACE();
+namespace edgehft {
+namespace HWY_NAMESPACE {
+namespace {
+namespace hn = hwy::HWY_NAMESPACE;
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+
+// std::max(a, b) and std::min(a, b) lane by lane: (a < b) ? b : a and (b < a) ? b : a.
+HWY_INLINE V StdMax(V a, V b) { return hn::IfThenElse(hn::Lt(a, b), b, a); }
+HWY_INLINE V StdMin(V a, V b) { return hn::IfThenElse(hn::Lt(b, a), b, a); }
+
+HWY_INLINE V Activate(D d, V v, int act) {
+    switch (act) {
+        case 1: return StdMax(v, hn::Zero(d));
+        case 2: return StdMin(StdMax(v, hn::Set(d, -1.0f)), hn::Set(d, 1.0f));
+        case 3: return StdMin(StdMax(v, hn::Zero(d)), hn::Set(d, 6.0f));
+        default: return v;
+    }
+}
+
+// One output pixel: the max over rows [y0, y1) x columns [x0, x1) of the input, then the activation.
+HWY_INLINE void PoolPixel(const ops::Pool& p, const float* HWY_RESTRICT x, float* HWY_RESTRICT o, int y0, int y1,
+                          int x0, int x1) {
+    const D d;
+    const int L = static_cast<int>(hn::Lanes(d));
+    for (int c = 0; c < p.C; c += L) {
+        const auto m = hn::FirstN(d, static_cast<size_t>(p.C - c));
+        V acc = hn::Set(d, -__builtin_inff());
+        for (int y = y0; y < y1; ++y)
+            for (int xx = x0; xx < x1; ++xx)
+                acc = StdMax(acc, hn::MaskedLoad(m, d, x + (static_cast<size_t>(y) * p.W + xx) * p.C + c));
+        hn::BlendedStore(Activate(d, acc, p.act), m, d, o + c);
+    }
+}
+
+void Pool(const ops::Pool& p, const float* HWY_RESTRICT x, float* HWY_RESTRICT out) {
+    for (int oy = 0; oy < p.Ho; ++oy) {
+        const int y0 = std::max(oy * p.sh - p.ph, 0), y1 = std::min(oy * p.sh - p.ph + p.fh, p.H);
+        for (int ox = 0; ox < p.Wo; ++ox) {
+            const int x0 = std::max(ox * p.sw - p.pw, 0), x1 = std::min(ox * p.sw - p.pw + p.fw, p.W);
+            PoolPixel(p, x, out + (static_cast<size_t>(oy) * p.Wo + ox) * p.C, y0, y1, x0, x1);
+        }
+    }
+}
+
+// The 16-lane sum of x[:N] * w[:N] (lane n % 16), then the fixed tree over the lanes.
+HWY_INLINE float Dot16(const float* HWY_RESTRICT x, const float* HWY_RESTRICT w, int N) {
+    const D d;
+    constexpr int kMaxVecs = 16;                      // 16 lanes as 16 / Lanes(d) vectors (<= 16)
+    const int L = static_cast<int>(hn::Lanes(d)), nv = 16 / L;
+    V acc[kMaxVecs];
+    for (int v = 0; v < nv; ++v) acc[v] = hn::Zero(d);
+    for (int n = 0; n < N; n += 16)
+        for (int v = 0; v < nv; ++v) {
+            const int at = n + v * L;
+            const auto m = hn::FirstN(d, static_cast<size_t>(std::max(N - at, 0)));
+            acc[v] = Fma(d, hn::MaskedLoad(m, d, x + at), hn::Load(d, w + at), acc[v]);
+        }
+    HWY_ALIGN float lanes[16];
+    for (int v = 0; v < nv; ++v) hn::Store(acc[v], d, lanes + v * L);
+    for (int k = 8; k >= 1; k /= 2)
+        for (int i = 0; i < k; ++i) lanes[i] += lanes[i + k];
+    return lanes[0];
+}
+
+void Dense(const ops::Dense& dn, const float* HWY_RESTRICT x, float* HWY_RESTRICT out) {
+    for (int r = 0; r < dn.rows; ++r) {
+        const float* xr = x + static_cast<size_t>(r) * dn.N;
+        for (int m = 0; m < dn.M; ++m)
+            out[static_cast<size_t>(r) * dn.M + m] =
+                ops::activate(Dot16(xr, dn.w + static_cast<size_t>(m) * dn.Np, dn.N) + dn.b[m], dn.act);
+    }
+}
+
+}  // namespace
+
+extern const ops::Fns kOpsFns;
+const ops::Fns kOpsFns = {&Pool, &Dense};
+
+}  // namespace HWY_NAMESPACE
+}  // namespace edgehft
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace edgehft {
+namespace {
+using ops::Dense;
+using ops::Pool;
+
+const ops::Fns* const kTable[kSlots] = EDGEHFT_SLOT_TABLE(kOpsFns);
+
+struct Concat {
+    int n, outer;
+    int* inner;
+};
+
+struct Softmax {
+    int rows, N;
+    float beta;
+};
 
 }  // namespace
 
@@ -64,34 +182,22 @@ void* edgehft_pool_create(const int* d, int act) {
     if (d[9] < 0 || d[10] < 0 || act < 0 || act > 3) return nullptr;
     Pool* p = static_cast<Pool*>(malloc(sizeof(Pool)));
     if (!p) return nullptr;
-    *p = Pool{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], act};
+    *p = Pool{d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], act, simd_slot(current_slot())};
     return p;
 }
 
 // x: (H, W, C) float32; out: (Ho, Wo, C) float32. Returns 0.
 int edgehft_pool_run(void* h, const float* __restrict x, float* __restrict out) {
     const Pool& p = *static_cast<Pool*>(h);
-    const int C = p.C;
-    for (int oy = 0; oy < p.Ho; ++oy) {
-        const int y0 = std::max(oy * p.sh - p.ph, 0), y1 = std::min(oy * p.sh - p.ph + p.fh, p.H);
-        for (int ox = 0; ox < p.Wo; ++ox) {
-            const int x0 = std::max(ox * p.sw - p.pw, 0), x1 = std::min(ox * p.sw - p.pw + p.fw, p.W);
-            float* o = out + (static_cast<size_t>(oy) * p.Wo + ox) * C;
-            for (int c = 0; c < C; ++c) o[c] = -__builtin_inff();
-            for (int y = y0; y < y1; ++y)
-                for (int xx = x0; xx < x1; ++xx) {
-                    const float* r = x + (static_cast<size_t>(y) * p.W + xx) * C;
-                    for (int c = 0; c < C; ++c) o[c] = std::max(o[c], r[c]);
-                }
-            if (p.act)
-                for (int c = 0; c < C; ++c) o[c] = activate(o[c], p.act);
-        }
-    }
+    kTable[p.slot]->pool(p, x, out);
     return 0;
 }
 
-void edgehft_pool_destroy(void* h) { free(h); }
+// The target slot a pool (or dense) kernel runs (cpu_dispatch.h), chosen at create.
+int edgehft_pool_slot(void* h) { return static_cast<Pool*>(h)->slot; }
+int edgehft_dense_slot(void* h) { return static_cast<Dense*>(h)->slot; }
 
+void edgehft_pool_destroy(void* h) { free(h); }
 // n inputs; outer as in the header; inner[i] per input. Null on a bad size.
 void* edgehft_concat_create(int n, int outer, const int* inner) {
     if (n < 1 || outer < 1) return nullptr;
@@ -133,6 +239,7 @@ void* edgehft_dense_create(int rows, int N, int M, const float* w, const float* 
     Dense* d = static_cast<Dense*>(malloc(sizeof(Dense)));
     if (!d) return nullptr;
     d->rows = rows; d->N = N; d->M = M; d->act = act; d->Np = (N + 15) / 16 * 16;
+    d->slot = simd_slot(current_slot());
     void* pw = nullptr;
     if (posix_memalign(&pw, 64, sizeof(float) * static_cast<size_t>(M) * d->Np)) pw = nullptr;
     d->w = static_cast<float*>(pw);
@@ -152,26 +259,7 @@ void* edgehft_dense_create(int rows, int N, int M, const float* w, const float* 
 // x: rows x N float32; out: rows x M float32. Returns 0.
 int edgehft_dense_run(void* h, const float* __restrict x, float* __restrict out) {
     const Dense& d = *static_cast<Dense*>(h);
-    for (int r = 0; r < d.rows; ++r) {
-        const float* xr = x + static_cast<size_t>(r) * d.N;
-        for (int m = 0; m < d.M; ++m) {
-            const float* wr = d.w + static_cast<size_t>(m) * d.Np;
-            float lanes[16] = {0};
-#ifdef __AVX512F__
-            __m512 acc = _mm512_setzero_ps();
-            for (int n = 0; n < d.N; n += 16) {
-                const __mmask16 k = d.N - n >= 16 ? 0xffff : static_cast<__mmask16>((1u << (d.N - n)) - 1);
-                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, xr + n), _mm512_load_ps(wr + n), acc);
-            }
-            _mm512_storeu_ps(lanes, acc);
-#else
-            for (int n = 0; n < d.N; ++n) lanes[n % 16] = std::fma(xr[n], wr[n], lanes[n % 16]);
-#endif
-            for (int w = 8; w >= 1; w /= 2)
-                for (int i = 0; i < w; ++i) lanes[i] += lanes[i + w];
-            out[static_cast<size_t>(r) * d.M + m] = activate(lanes[0] + d.b[m], d.act);
-        }
-    }
+    kTable[d.slot]->dense(d, x, out);
     return 0;
 }
 
@@ -207,3 +295,5 @@ int edgehft_softmax_run(void* h, const float* __restrict x, float* __restrict ou
 void edgehft_softmax_destroy(void* h) { free(h); }
 
 }  // extern "C"
+}  // namespace edgehft
+#endif  // HWY_ONCE

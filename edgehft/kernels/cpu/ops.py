@@ -5,9 +5,11 @@ longest tail: ~1.4 % of its invokes take over 100 µs there).
 
 They follow the TFLite reference kernels: MAX_POOL_2D takes the max over the filter window clipped to the
 input (SAME padding never wins), then the fused activation; CONCATENATION copies the inputs' slices along
-the axis in order (both exact); FULLY_CONNECTED sums in fp32 over 16 lanes then a fixed tree (the AVX-512
-and portable builds give the same bits; another order than XNNPACK's, so ~1 ulp from LiteRT);
-SOFTMAX is exp(beta * (x - max)) / sum in fp32.
+the axis in order (both exact); FULLY_CONNECTED sums in fp32 over 16 lanes then a fixed tree (every
+dispatch target gives the same bits; another order than XNNPACK's, so ~1 ulp from LiteRT);
+SOFTMAX is exp(beta * (x - max)) / sum in fp32. Pool and dense run the SIMD target in force when they are
+created (:func:`edgehft.kernels.cpu.build.force_target`; :attr:`isa` names it), with the same results on
+every target.
 
     pool = NativeMaxPool2D((100, 1), 64, filter_hw=(3, 1), stride=(1, 1), padding="SAME")
     y = pool.run(x)                           # (1, 100, 1, 64) float32 (a reused buffer)
@@ -56,6 +58,9 @@ def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
     lib.edgehft_softmax_run.restype = i32
     lib.edgehft_softmax_run.argtypes = [vp, vp, vp]
     lib.edgehft_softmax_destroy.argtypes = [vp]
+    for name in ("edgehft_pool_slot", "edgehft_dense_slot"):
+        getattr(lib, name).restype = i32
+        getattr(lib, name).argtypes = [vp]
     lib._edgehft_ops_typed = True
     return lib
 
@@ -93,6 +98,7 @@ class NativeMaxPool2D(NativeKernel):
         if not h:
             raise MemoryError("edgehft_pool_create failed")
         self._h, self._outp, self._run = ctypes.c_void_p(h), ctypes.c_void_p(self.out.ctypes.data), lib.edgehft_pool_run
+        self.isa = build.slot_name(lib.edgehft_pool_slot(self._h))
 
     def run(self, x: np.ndarray) -> np.ndarray:
         x = _check(x, self.input_shape)
@@ -175,6 +181,7 @@ class NativeDense(NativeKernel):
         if not h:
             raise MemoryError("edgehft_dense_create failed")
         self._h, self._outp, self._run = ctypes.c_void_p(h), ctypes.c_void_p(self.out.ctypes.data), lib.edgehft_dense_run
+        self.isa = build.slot_name(lib.edgehft_dense_slot(self._h))
 
     def run(self, x: np.ndarray) -> np.ndarray:
         x = _check(x, self.input_shape)
