@@ -53,6 +53,12 @@ FORMAT_VERSION = 2
 # is written with the lowest format that describes it, so boxes with an older edgehft still take the rest.
 FORMAT_VERSION_FOR_PLAN = {"native-bf16": 2}
 MANIFEST = "manifest.json"
+# A cpu bundle may carry more than one plan: the top level is the compile host's choice (what every reader,
+# old ones too, runs), each other plan a complete sub-bundle in plans/<name>/ whose files the top manifest
+# also lists; the manifest's ``plans`` names them all. No format bump: an edgehft that does not know ``plans``
+# ignores the field and runs the top level, as it always did. The box picks among them at deploy.
+PLANS_DIR = "plans"
+PLAN_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 REPORT = "report.json"
 
 MAX_MANIFEST_BYTES = 16 << 20          # a DeepLOB native-bf16 manifest is ~5 KiB; refused before reading it all
@@ -139,14 +145,28 @@ class Features(BaseModel):
     callable: str
 
 
+class PlanEntry(BaseModel):
+    """One execution plan a bundle carries (``Manifest.plans``, keyed by the plan's name, its quantization
+    mode): ``dir`` its sub-bundle (``plans/<name>``; None: the bundle's top level, the compile host's
+    choice), its drift against the float model (``drift_rel_mae``: the worst output's relative MAE, None
+    without a float reference; ``drift_passed``) and what the compile host measured (``compile_host``:
+    ``p50_us``, ``p99_us``, ``p99.9_us``, ``mean_us`` in µs; empty when it did not time the plans)."""
+
+    dir: str | None = None
+    drift_rel_mae: float | None = None
+    drift_passed: bool | None = None
+    compile_host: dict[str, float] = Field(default_factory=dict)
+
+
 class Manifest(BaseModel):
     """``manifest.json``, the bundle's contract with every box: format and version, the board and backend it
     was compiled for, ``model_file`` (the int8/float TFLite IR), where the model came from
     (:class:`SourceModel`) and how it was quantized (:class:`Quantization`), the I/O tensors
     (:class:`TensorSpec`), the golden vectors (:class:`Golden`), the feature pipeline (:class:`Features`),
     toolchain versions, board-specific ``artifacts`` and ``accelerator`` needs, and ``files``: the SHA-256 of
-    every other file, which is what a signature over the manifest covers. :func:`load_bundle` refuses a
-    manifest that breaks any rule of :func:`check_manifest`."""
+    every other file, which is what a signature over the manifest covers; ``plans`` (:class:`PlanEntry`), when
+    the bundle carries more than one execution plan (the top level and ``plans/<name>/`` sub-bundles, see
+    :meth:`Bundle.plan`). :func:`load_bundle` refuses a manifest that breaks any rule of :func:`check_manifest`."""
 
     format: str = FORMAT
     format_version: int = 1
@@ -167,6 +187,8 @@ class Manifest(BaseModel):
     # What the accelerator needs at run time, e.g. {"min_runtime_version": 14, "compiler_version": "16.0…"}.
     accelerator: dict = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)    # relative path -> sha256 (all but manifest)
+    # The plans the bundle carries, by name ({} for a bundle of one plan; written only when not empty).
+    plans: dict[str, PlanEntry] = Field(default_factory=dict)
 
 
 def sha256_file(path: str | Path) -> str:
@@ -362,14 +384,43 @@ def _golden_problems(m: Manifest) -> list[str]:
     return problems
 
 
+def _finite_or_none(x) -> bool:
+    return x is None or (not isinstance(x, bool) and math.isfinite(x))
+
+
+def _plans_problems(m: Manifest) -> list[str]:
+    """What is wrong with ``m.plans``: names, one top-level entry that is the manifest's own plan, each other
+    entry's ``dir`` exactly ``plans/<name>`` with its manifest listed in ``files``, finite figures."""
+    if not m.plans:
+        return []
+    problems = []
+    tops = [n for n, e in m.plans.items() if e.dir is None]
+    if tops != [m.quantization.mode]:
+        problems.append(f"plans names {_short(tops)} as the top level (dir null); it must be the manifest's own plan "
+                        f"{m.quantization.mode!r}, once")
+    for name, e in m.plans.items():
+        if not isinstance(name, str) or not PLAN_NAME.fullmatch(name):
+            problems.append(f"plan name {_short(name)} is not a plan name (lowercase letters, digits, '-')")
+            continue
+        if e.dir is not None and e.dir != f"{PLANS_DIR}/{name}":
+            problems.append(f"plans[{name!r}].dir is {_short(e.dir)}, not {PLANS_DIR}/{name}")
+        elif e.dir is not None and f"{e.dir}/{MANIFEST}" not in m.files:
+            problems.append(f"plans[{name!r}]: {e.dir}/{MANIFEST} is not listed in files (no SHA-256 covers it)")
+        bad = [k for k, v in e.compile_host.items() if not (_finite_or_none(v) and v is not None and v >= 0)]
+        if bad or not _finite_or_none(e.drift_rel_mae):
+            problems.append(f"plans[{name!r}] has a figure that is not a finite number >= 0: "
+                            f"{_short(bad or e.drift_rel_mae)}")
+    return problems
+
+
 def check_manifest(m: Manifest, where="<manifest>") -> None:
     """Check a parsed manifest against the rules in the module docstring that need no file: paths, the
-    ``files`` map's coverage, tensor specs, golden count and tolerance.
+    ``files`` map's coverage, tensor specs, golden count and tolerance, the ``plans`` entries.
 
     Raises:
         BundleError: naming the problems found (up to four, on one line).
     """
-    problems = _path_problems(m) + _io_problems(m) + _golden_problems(m)
+    problems = _path_problems(m) + _io_problems(m) + _golden_problems(m) + _plans_problems(m)
     if problems:
         raise _err(where, "its manifest is refused: " + _joined(problems))
 
@@ -525,6 +576,44 @@ class Bundle:
         if REPORT not in self.manifest.files and os.path.lexists(self.path / REPORT):
             raise _err(self.path, f"{REPORT} is in the bundle but not listed in its manifest's files")
         self._verify_plans()
+        for name in self.manifest.plans:
+            if self.manifest.plans[name].dir is not None:
+                self.plan(name)._verify_plans()
+
+    def plan_names(self) -> list[str]:
+        """The execution plans this bundle carries, the top level's first (a bundle of one plan: its mode)."""
+        top = self.manifest.quantization.mode
+        return [top] + [n for n in self.manifest.plans if n != top]
+
+    def plan(self, name: str) -> "Bundle":
+        """Plan ``name`` as a bundle of its own: this bundle for its top-level plan, else the sub-bundle in
+        ``plans/<name>/`` (its files already verified with this bundle's: each is listed in both manifests
+        with one SHA-256).
+
+        Raises:
+            InputError: the bundle carries no plan of that name (exit 3; the message lists its plans).
+            BundleError: the sub-bundle's manifest is missing, changed, malformed, or disagrees with the top
+                level (another board, backend, plan or I/O names; a file the top manifest does not list with
+                the same SHA-256; plans of its own).
+        """
+        if name == self.manifest.quantization.mode:
+            return self
+        entry = self.manifest.plans.get(name) if isinstance(name, str) else None
+        if entry is None or entry.dir is None:
+            from edgehft.errors import InputError
+            raise InputError(f"bundle {self.path} has no plan {name!r}; its plans: {', '.join(self.plan_names())}",
+                             hint="pass one of those plans, or none for the one chosen for this box")
+        rel = f"{entry.dir}/{MANIFEST}"
+        got, why = _sha256_nofollow(self.resolve(rel))
+        if why or got != self.manifest.files[rel]:
+            raise _err(self.path, f"{rel} {why or 'changed'} (its SHA-256 is not the one the manifest lists)")
+        root = self.path / entry.dir
+        sub = Bundle(root, _parse_manifest(root, root / MANIFEST))
+        check_manifest(sub.manifest, root)
+        problems = _sub_problems(self.manifest, sub.manifest, name)
+        if problems:
+            raise _err(self.path, f"plan {name} ({entry.dir}) disagrees with the bundle: " + _joined(problems))
+        return sub
 
     def _verify_plans(self) -> None:
         """Every file a ``native.json`` or ``steps.json`` step names (:data:`PLAN_FILE_KEYS`) is listed."""
@@ -546,6 +635,26 @@ class Bundle:
                                             f"{why or 'is not listed in the manifest files'}")
             if problems:
                 raise _err(self.path, f"{rel} names files the manifest does not cover: " + _joined(problems))
+
+
+def _sub_problems(top: Manifest, sub: Manifest, name: str) -> list[str]:
+    """Why the sub-bundle manifest ``sub`` of plan ``name`` cannot be a plan of ``top``."""
+    problems = []
+    if sub.plans:
+        problems.append("it lists plans of its own (plans do not nest)")
+    for field in ("board", "backend"):
+        if getattr(sub, field) != getattr(top, field):
+            problems.append(f"its {field} is {_short(getattr(sub, field))}, the bundle's {_short(getattr(top, field))}")
+    if sub.quantization.mode != name:
+        problems.append(f"its quantization mode is {sub.quantization.mode!r}")
+    for role in ("inputs", "outputs"):
+        if [s.name for s in getattr(sub, role)] != [s.name for s in getattr(top, role)]:
+            problems.append(f"its {role} are not the bundle's")
+    base = f"{PLANS_DIR}/{name}"
+    unlisted = sorted(rel for rel, d in sub.files.items() if top.files.get(f"{base}/{rel}") != d)
+    if unlisted:
+        problems.append("files the bundle's manifest does not list with the same SHA-256: " + _short(unlisted, 120))
+    return problems
 
 
 def _sha256_nofollow(path: Path) -> tuple[str, str | None]:
@@ -688,6 +797,30 @@ def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
     return bundle
 
 
+def manifest_json(manifest: Manifest) -> str:
+    """``manifest.json``'s text: the manifest as JSON, without ``plans`` when it has none (a bundle of one
+    plan reads as it did before plans existed)."""
+    return manifest.model_dump_json(indent=1, exclude=None if manifest.plans else {"plans"}) + "\n"
+
+
+def plan_files(name: str, manifest: Manifest, files: dict[str, bytes | Path]) -> dict[str, bytes | Path]:
+    """The files of plan ``name`` as a sub-bundle of the bundle being written: ``files`` (relative to the
+    sub-bundle) under ``plans/<name>/``, and its ``manifest.json`` with their SHA-256 (``manifest.files`` is
+    filled in here); pass the result to :func:`write_bundle` with the top level's files.
+
+    Raises:
+        BundleError: the sub-bundle's manifest would be refused (:func:`check_manifest`), or it names plans
+            itself (plans do not nest).
+    """
+    if manifest.plans or not PLAN_NAME.fullmatch(name):
+        raise BundleError(f"plan {name!r}: a plan's sub-bundle is named by a plan name and carries no plans itself")
+    manifest.files = {rel: (hashlib.sha256(c).hexdigest() if isinstance(c, (bytes, bytearray)) else sha256_file(c))
+                      for rel, c in sorted(files.items())}
+    check_manifest(manifest, f"{PLANS_DIR}/{name}")
+    base = f"{PLANS_DIR}/{name}"
+    return {**{f"{base}/{rel}": c for rel, c in files.items()}, f"{base}/{MANIFEST}": manifest_json(manifest).encode()}
+
+
 def write_bundle(out: str | Path, manifest: Manifest, files: dict[str, bytes | Path],
                  report: dict | None = None) -> Bundle:
     """Write a bundle atomically: build it in a temporary sibling, then rename it into ``out``.
@@ -720,7 +853,7 @@ def write_bundle(out: str | Path, manifest: Manifest, files: dict[str, bytes | P
             else:
                 shutil.copyfile(content, dst)
         manifest.files = {rel: sha256_file(tmp / rel) for rel in sorted(files)}
-        (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=1) + "\n")
+        (tmp / MANIFEST).write_text(manifest_json(manifest))
         os.chmod(tmp, 0o755)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")

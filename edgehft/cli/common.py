@@ -130,18 +130,39 @@ require_signature_opt = click.option(
          "(exit 6 if unsigned or signed by a key not listed there).")
 
 
+def _keep_plan(ctx, param, value):
+    ctx.meta["edgehft.plan"] = value                    # read by open_runner, like --require-signature
+
+
+plan_opt = click.option(
+    "--plan", "plan", default=None, expose_value=False, callback=_keep_plan, metavar="NAME",
+    help="Run this execution plan of the bundle (a bundle compiled with --quant auto carries several; "
+         "`edgehft report` lists them). Default: the plan recorded for this version on this box by `edgehft "
+         "deploy`, else the bundle's top level (the compile host's choice). Unknown: exit 3.")
+
+
+def select_opt(what: str):
+    """``--select p50|p99|p99.9`` (default p99), the percentile execution plans are chosen by; ``what`` says
+    where (the help text's end)."""
+    from edgehft.runtime.plans import DEFAULT_SELECT, SELECTS
+    return click.option("--select", "select", type=click.Choice(SELECTS), default=DEFAULT_SELECT,
+                        show_default=True,
+                        help="Percentile the execution plans are chosen by: the plan with the lowest one wins "
+                             f"(ties: the lower p50); {what}.")
+
+
 def runner_opts(fn):
     """What ``run`` and ``bench`` need to open a bundle: board, threads, affinity, emulate, device, overlay,
-    --require-signature."""
+    --require-signature, --plan."""
     for opt in reversed((board_opt, threads_opt, affinity_opt, emulate_opt, device_opt, overlay_opt,
-                         require_signature_opt)):
+                         require_signature_opt, plan_opt)):
         fn = opt(fn)
     return fn
 
 
 def open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json):
-    """``runtime.open`` with the :func:`runner_opts` values (and ``--require-signature`` from the click
-    context); says EMULATED on stderr for people.
+    """``runtime.open`` with the :func:`runner_opts` values (and ``--require-signature``, ``--plan`` from the
+    click context); says EMULATED on stderr for people.
 
     Raises:
         EdgeHFTError: whatever :func:`edgehft.runtime.open` raises (bundle, board, signature, threads).
@@ -150,8 +171,9 @@ def open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_j
     opts = {k: v for k, v in (("overlay", overlay), ("emulate", emulate or None), ("device", device)) if v}
     ctx = click.get_current_context(silent=True)
     signers = ctx.meta.get("edgehft.require_signature") if ctx else None
+    plan = ctx.meta.get("edgehft.plan") if ctx else None
     r = runtime.open(bundle, board, threads=threads, affinity=parse_affinity(affinity),
-                     require_signature=signers, **opts)
+                     require_signature=signers, plan=plan, **opts)
     say_emulated(r, as_json)
     return r
 

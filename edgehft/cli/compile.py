@@ -5,7 +5,7 @@ import json
 
 import click
 
-from edgehft.cli.common import board_options_of, board_opts, err, handles_errors, json_opt, main, out
+from edgehft.cli.common import board_options_of, board_opts, err, handles_errors, json_opt, main, out, select_opt
 from edgehft.errors import EdgeHFTError
 
 @main.command("compile")
@@ -19,9 +19,11 @@ from edgehft.errors import EdgeHFTError
               default=None,
               help="Quantization (default: the board file's: auto for cpu, int8 for Coral and PYNQ, fp16 for Jetson). "
                    "cpu board: auto measures the int8, dynamic and float plans (and the native plans that apply "
-                   "here) and keeps the fastest that passes the drift gate; native / native-bf16 take that plan "
-                   "alone (native-bf16: CONV_2D and LSTM input projections on edgehft's bf16 AMX kernel, for a "
-                   "box with AMX-BF16).")
+                   "here), makes the fastest by --select that passes the drift gate the bundle's top level and "
+                   "ships every other passing plan in plans/<plan>/ for deploy to choose on the box; native / "
+                   "native-bf16 take that plan alone (native-bf16: CONV_2D and LSTM input projections on "
+                   "edgehft's bf16 AMX kernel, for a box with AMX-BF16).")
+@select_opt("--quant auto, measured on this host (deploy measures again on the box)")
 @click.option("--features", default=None, help="Feature pipeline 'file.py:function' (default: the model's sidecar).")
 @click.option("--calib-windows", default=300, show_default=True, help="Windows used for calibration.")
 @click.option("--drift-windows", default=500, show_default=True, help="Held-out windows for the drift check.")
@@ -38,7 +40,7 @@ from edgehft.errors import EdgeHFTError
                    "into manifest.json.sig; boxes with an allowed_signers file take only signed bundles.")
 @json_opt
 @handles_errors
-def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, drift_windows, golden_count,
+def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_windows, drift_windows, golden_count,
                 drift_threshold, strict, timeout_s, lowering, sign_key, as_json, **board_values):
     """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
     partition it, and write a bundle."""
@@ -50,7 +52,7 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
     opts = CompileOptions(board=board, quant=quant, features=features, calib_windows=calib_windows,
                           drift_windows=drift_windows, golden_count=golden_count,
                           drift_threshold=drift_threshold, strict=strict, timeout_s=timeout_s, lowering=lowering,
-                          board_options=board_options_of(board_values))
+                          board_options=board_options_of(board_values), select=select)
     if as_json:
         res = compile_model(model, list(calib), out_dir, opts)
     else:
@@ -72,6 +74,9 @@ def compile_cmd(model, board, calib, out_dir, quant, features, calib_windows, dr
     extra = f", compiled: {', '.join(m.artifacts.values())}" if m.artifacts else ""
     out.print(f"bundle [bold]{res.bundle.path}[/]: board {m.board}, {m.quantization.mode}, {calib_text}, "
               f"{m.golden.count if m.golden else '[bold yellow]NO[/]'} golden vectors{extra}")
+    if m.plans:
+        out.print(f"plans carried: {', '.join(m.plans)} (top level {m.quantization.mode}, this host's lowest {select}; "
+                  "`edgehft deploy` times them on the box and records the one it runs)", highlight=False)
     if signature:
         out.print(f"signed: {signature['signature']} ({signature['key']}, namespace {signature['namespace']})",
                   highlight=False, soft_wrap=True)

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from edgehft import backends
-from edgehft.cli.common import err, handles_errors, json_opt, main, out
+from edgehft.cli.common import err, handles_errors, json_opt, main, out, select_opt
 from edgehft.report import printable
 
 ssh_config_opt = click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -62,17 +62,27 @@ def _step_printer(quiet: bool):
 @click.option("--dry-run", is_flag=True, help="Probe the box(es) and print what would happen; change nothing.")
 @click.option("--force", is_flag=True, help="Deploy even when the bundle or the box is not the board (loud).")
 @click.option("--emulate", is_flag=True, help="Run the golden vectors on the box in emulation (no device there).")
+@select_opt("a bundle that carries several plans (compile --quant auto) is timed on the box, which records "
+            "the one it runs")
+@click.option("--plan", "plan", default=None, metavar="NAME",
+              help="Run this plan of the bundle on the box (its golden vectors are still checked there; the "
+                   "others are still timed and listed). Unknown: exit 3.")
+@click.option("--core", default=None, type=click.IntRange(min=0),
+              help="CPU the plans are timed on, the one the box serves on (default: the board file's [runtime] "
+                   "core, else the box's highest allowed CPU).")
 @ssh_config_opt
 @python_opt
 @install_dir_opt
 @json_opt
 @handles_errors
-def deploy_cmd(bundle, board, host, hosts_file, parallel, keep, dry_run, force, emulate, ssh_config,
-               remote_python, install_dir, as_json):
+def deploy_cmd(bundle, board, host, hosts_file, parallel, keep, dry_run, force, emulate, select, plan, core,
+               ssh_config, remote_python, install_dir, as_json):
     """Install BUNDLE on a box: upload to a new version directory, verify SHA-256 and the golden vectors
-    on the box, then switch atomically (the previous version stays for `edgehft rollback`).
+    on the box, then switch atomically (the previous version stays for `edgehft rollback`). A bundle that
+    carries several execution plans has each plan's golden vectors checked and the plans timed on the box,
+    which records the one it runs (`edgehft status` shows it and the alternatives' figures).
 
-    Exit codes: 0 deployed, 2 usage, 3 bad --host or inventory, 6 the local bundle does not match its
+    Exit codes: 0 deployed, 2 usage, 3 bad --host, inventory or --plan, 6 the local bundle does not match its
     manifest, 8 golden vectors differ on the box, 9 refused or failed (the box keeps its previous version;
     with --hosts: any host failed), 10 unreachable (connection, authentication, unknown or changed host key)."""
     from edgehft.deploy.deploy import deploy_many
@@ -90,7 +100,8 @@ def deploy_cmd(bundle, board, host, hosts_file, parallel, keep, dry_run, force, 
                                ssh_config))
         boards.append(b)
     quiet = as_json or len(targets) > 1
-    opts = dict(force=force, dry_run=dry_run, keep=keep, emulate=emulate, on_step=_step_printer(quiet))
+    opts = dict(force=force, dry_run=dry_run, keep=keep, emulate=emulate, select=select, plan=plan, core=core,
+                on_step=_step_printer(quiet))
     results = deploy_many(targets, bundle, boards, parallel=parallel, **opts)
     failed = [r for r in results if not r.ok]
     if as_json:
@@ -124,31 +135,75 @@ def _print_results(results, dry_run: bool) -> None:
         err.print(f"  the box serves: {printable(serves)}", highlight=False)
         return
     dirs = len({r.install_dir for r in results}) > 1
+    plans = any(r.plan_choice for r in results)
     boards = sorted({r.board for r in results})
     t = Table(title=f"{'dry run' if dry_run else 'deploy'} (board {', '.join(boards)})", title_justify="left")
-    for col in ("host", *(("install dir",) if dirs else ()), "result", "version", "golden", "s"):
+    for col in ("host", *(("install dir",) if dirs else ()), "result", "version", "golden", *(("plan",) if plans else ()),
+                "s"):
         t.add_column(col, no_wrap=col in ("host", "result", "version"), overflow="fold")
     for r in results:
-        g = r.golden
+        g, c = r.golden, r.plan_choice
         t.add_row(printable(r.host), *((printable(r.install_dir),) if dirs else ()),
                   "[green]ok[/]" if r.ok else f"[red]failed at {r.step}[/]",
                   r.active_after if r.ok and not dry_run else (r.version or ""),
-                  f"{g['matched']}/{g['count']}" if g else "", f"{sum(r.seconds.values()):.1f}")
+                  f"{g['matched']}/{g['count']}" if g else "",
+                  *((f"{c['plan']} ({'forced' if c['how'] == 'forced' else 'lowest ' + c['select']})" if c else "",)
+                    if plans else ()),
+                  f"{sum(r.seconds.values()):.1f}")
     out.print(t)
+    for r in results:
+        if r.plan_choice and len(results) == 1:
+            out.print(plan_choice_table(r.plan_choice, f"plans timed on {printable(r.host)}"))
     for r in results:
         if not r.ok:
             err.print(f"[red]{printable(r.host)}[/] ({r.step}): {printable((r.error or '').removeprefix(r.host + ': '))}",
                       highlight=False)
 
 
+def plan_choice_table(rec: dict, title: str) -> Table:
+    """The box's plan record (:mod:`edgehft.runtime.plans`) as a table: each plan's figures, the one chosen,
+    those left out and why."""
+    how = "forced at deploy" if rec["how"] == "forced" else f"the lowest {rec['select']}"
+    t = Table(title=f"{title}: {rec['plan']} ({how}; CPU {rec['pinned_cpu']}, {rec['rounds']} calls each on "
+                    f"{rec['windows']} golden inputs, interleaved)", title_justify="left")
+    for col in ("plan", "p50 µs", "p99 µs", "p99.9 µs", "p99/p50", ""):
+        t.add_column(col, justify="left" if col in ("plan", "") else "right")
+    for name, f in rec["measured"].items():
+        t.add_row(printable(name), f"{f['p50_us']:.1f}", f"{f['p99_us']:.1f}", f"{f['p99.9_us']:.1f}",
+                  f"{f['p99_over_p50']:.2f}", "runs" if name == rec["plan"] else "")
+    for name, why in rec.get("excluded", {}).items():
+        t.add_row(printable(name), "", "", "", "", f"left out: {printable(why)}")
+    return t
+
+
+def _print_plan(s: dict) -> None:
+    """``status``: the active version's execution plan and how it was chosen (or why that is not known)."""
+    if s.get("plan_problem"):
+        err.print(f"  [bold red]the box's plan record is damaged:[/] {printable(s['plan_problem'])}", highlight=False)
+        return
+    p = s.get("active_plan")
+    if not p:
+        return
+    how = {"only": "the bundle's only plan", "top level": "the bundle's top level, the compile host's choice (no "
+           "plan record on the box)", "forced": "forced at deploy",
+           "timed": f"timed on the box at deploy, the lowest {p.get('select')}"}.get(p["how"], p["how"])
+    out.print(f"  plan: [bold]{printable(p['plan'])}[/] — {how}"
+              + (f"; the bundle carries {', '.join(p['plans'])}" if len(p.get("plans", [])) > 1 else ""),
+              highlight=False)
+    if p.get("measured"):
+        out.print(plan_choice_table(p, "  plans measured on the box"))
+
+
 @main.command("status")
 @box_opts
 @handles_errors
 def status_cmd(host, board, ssh_config, remote_python, install_dir, as_json):
-    """Show what a box runs: active bundle, model hash, board, runtime versions, previous versions."""
+    """Show what a box runs: active bundle, model hash, board, the execution plan it runs and how it was chosen
+    (with every plan's figures measured on the box), runtime versions, previous versions. Exit 6 when the active
+    version no longer matches its manifest or the box's plan record for it is damaged."""
     from edgehft.deploy.deploy import box_status
     res = box_status(_target(host, board, remote_python, install_dir, ssh_config))
-    bad = bool(res["status"].get("active_problems"))
+    bad = bool(res["status"].get("active_problems") or res["status"].get("plan_problem"))
     if as_json:
         click.echo(json.dumps(res))
         sys.exit(6 if bad else 0)
@@ -161,15 +216,17 @@ def status_cmd(host, board, ssh_config, remote_python, install_dir, as_json):
     if s.get("active_problems"):
         err.print(f"  [bold red]the active version does not match its manifest:[/] {printable(s['active_problems'][0])}",
                   highlight=False)
+    _print_plan(s)
     out.print(f"  previous: {s['previous'] or 'none'}")
     out.print("  runtime: " + ", ".join(f"{k} {v}" for k, v in f["packages"].items()))
     ident = [line for _, identity in backends.stage_of_each("identity") for line in identity(f)]
     out.print("  identity: " + printable(", ".join(ident) or "plain host (no accelerator board found)"), highlight=False)
     t = Table(title="versions on the box", title_justify="left")
-    for col in ("version", "board", "model sha256", "deployed", ""):
+    for col in ("version", "board", "plan", "model sha256", "deployed", ""):
         t.add_column(col, no_wrap=col == "version")
     for v in s["versions"]:
-        t.add_row(v["version"], str(v.get("board", "")), str(v.get("model_sha256", ""))[:16],
+        t.add_row(v["version"], str(v.get("board", "")), printable(str(v.get("plan") or "")),
+                  str(v.get("model_sha256", ""))[:16],
                   str(v.get("received_utc", "")), "active" if v["active"] else
                   ("previous" if v["version"] == s["previous"] else ""))
     out.print(t)

@@ -36,14 +36,15 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
     with open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
         if golden:
             result = check_golden(r)
-            result.update(board=r.board, emulated=r.emulated)
+            result.update(board=r.board, emulated=r.emulated, plan=_plan_of(r),
+                          plan_source=getattr(r, "plan_source", None))
             if as_json:
                 click.echo(json.dumps(result))
             else:
                 out.print(("[bold magenta]EMULATED[/] " if r.emulated else "") +
                           f"golden vectors: {result['matched']}/{result['count']} reproduced "
-                          f"({result['compare']}) on {result['path']}"
-                          + (" [green]OK[/]" if result["ok"] else " [red]MISMATCH[/]"))
+                          f"({result['compare']}) on {result['path']}, plan {result['plan']}"
+                          + (" [green]OK[/]" if result["ok"] else " [red]MISMATCH[/]"), highlight=False)
             if not result["ok"]:
                 raise golden_mismatch(result, r.describe().get("backend", ""))
             return
@@ -57,10 +58,11 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
             rows.append({"window": i, "t_ns": int(w.t_ns[i]) if w.t_ns is not None else None,
                          **{nm: v[0].tolist() for nm, v in zip(names, ys)}})
         if as_json:
-            click.echo(json.dumps({"board": r.board, "emulated": r.emulated, "windows": len(w),
+            click.echo(json.dumps({"board": r.board, "emulated": r.emulated, "plan": _plan_of(r), "windows": len(w),
                                    "predictions": rows}))
             return
-        t = Table(title=f"{r.bundle.path.name} on {r.board}: {n} of {len(w)} windows", title_justify="left")
+        t = Table(title=f"{printable(r.bundle.path.name)} on {r.board}, plan {_plan_of(r)}: {n} of {len(w)} windows",
+                  title_justify="left")
         t.add_column("window", justify="right")
         t.add_column("tick time (ns)", justify="right")
         for nm in names:
@@ -112,7 +114,8 @@ def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_s
         x = np.ascontiguousarray(w.x, dtype=np.float32)
         res = replay(r.predict, x, w.t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,
                      burst_size=burst_size, burst_gap_us=burst_gap_us)
-        report = {"bundle": str(r.bundle.path), "runner": r.describe(), **res.summary(),
+        report = {"bundle": str(r.bundle.path), "runner": r.describe(), "plan": _plan_of(r),
+                  "plan_source": getattr(r, "plan_source", None), **res.summary(),
                   "budget_us": dict(r.board_spec.latency_budget_us),
                   "speed": speed if mode == "recorded" else None, "fingerprint": machine_fingerprint()}
     if plot:
@@ -138,6 +141,11 @@ def _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, 
         click.echo(json.dumps(res))
         return
     print_profile(res, out, top)
+
+
+def _plan_of(runner) -> str:
+    """The execution plan ``runner`` runs (what :func:`edgehft.runtime.open` chose, else its bundle's mode)."""
+    return getattr(runner, "plan", None) or runner.bundle.manifest.quantization.mode
 
 
 def print_bench(report: dict) -> None:
@@ -173,7 +181,9 @@ def print_bench(report: dict) -> None:
     r = report["runner"]
     out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']}, "
               f"affinity {fp['affinity']}{', virtualized' if fp['virtualized'] else ''}); "
-              f"{r.get('interpreter', r['board'])}, threads {r['threads']}; libraries "
+              f"{r.get('interpreter', r['board'])}, threads {r['threads']}"
+              + (f", plan {report['plan']} ({report.get('plan_source') or 'its only plan'})" if report.get("plan") else "")
+              + "; libraries "
               + ", ".join(f"{k} {v}" for k, v in fp["libraries"].items()))
     if report.get("plot"):
         out.print(f"histogram: {report['plot']}")

@@ -16,8 +16,8 @@ import numpy as np
 
 from edgehft import __version__, backends
 from edgehft.boards import load_board
-from edgehft.bundle import (FORMAT_VERSION_FOR_PLAN, Bundle, Features, Manifest, Quantization, SourceModel,
-                            TensorSpec, sha256_arrays, sha256_file, write_bundle)
+from edgehft.bundle import (FORMAT_VERSION_FOR_PLAN, Bundle, Features, Manifest, PlanEntry, Quantization,
+                            SourceModel, TensorSpec, plan_files, sha256_arrays, sha256_file, write_bundle)
 from edgehft.compiler.drift import measure_drift
 from edgehft.compiler.golden import golden_record, run_golden
 from edgehft.compiler.plans import NATIVE_PLANS
@@ -45,6 +45,7 @@ class CompileOptions:
     timeout_s: float = 1800.0
     lowering: str = "auto"                   # auto | native (Keras 3 graph as is; for diagnosis)
     seed: int = 0
+    select: str = "p99"                      # auto: the percentile the plans are chosen by (p50 | p99 | p99.9)
     # options only one board kind takes, as its backend's BoardOptions.collect makes them (edgehft.board_options),
     # e.g. Coral's {"edgetpu": EdgeTPUFlags(...), "edgetpu_model": Path}
     board_options: dict = field(default_factory=dict)
@@ -144,6 +145,8 @@ def _check_request(model: Path, calib: list, opts: CompileOptions):
         raise InputError(f"--quant does not apply to {model.name}: a .tflite is taken as it was quantized",
                          hint="drop --quant, or compile the Keras model it came from")
     quant = opts.quant or board.default_quantization
+    from edgehft.runtime.plans import check_select
+    check_select(opts.select)
     if quant == "auto" and not stage.plans_on_host:
         raise InputError(f"--quant auto measures execution plans on this host: it is for the cpu board, "
                          f"not {board.name}", hint=f"choose one of {', '.join(board.quantization)}")
@@ -178,10 +181,12 @@ def _convert(model: Path, x: np.ndarray, board, stage, quant: str, opts: Compile
 
 def _evaluate_plan(quant: str, model_file: Path, work: Path, ev: dict, say):
     """Golden vectors and drift on the cpu runtime for the plan ``quant``; for ``auto`` for every candidate,
-    then the candidates timed interleaved on one pinned core and the best chosen. Returns (the evaluation of
-    the plan kept, its name, the report's plan section or None)."""
+    then the candidates timed interleaved on one pinned core and the best by ``opts.select`` chosen. Returns
+    (the evaluation of the plan kept, its name, the report's plan section or None); for ``auto`` the
+    evaluation's ``other_plans`` holds the other candidates that pass the drift gate (shipped as
+    ``plans/<plan>/``), each with this host's figures."""
     if quant == "auto":
-        from edgehft.compiler.plans import CANDIDATES, Candidate, choose, time_plans
+        from edgehft.compiler.plans import CANDIDATES, Candidate, choose, passes, time_plans
         cands = []
         for plan in CANDIDATES:
             f = work / "worker" / ("model.tflite" if plan == "int8" else f"model_{plan}.tflite")
@@ -191,7 +196,10 @@ def _evaluate_plan(quant: str, model_file: Path, work: Path, ev: dict, say):
         cands += _native_candidates(work, ev, say)
         say("plans: time " + ", ".join(c.plan for c in cands) + " interleaved on one pinned core")
         timing = time_plans({c.plan: c.bundle for c in cands}, ev["board"], ev["held"])
-        best, plan_section = choose(cands, timing)
+        best, plan_section = choose(cands, timing, ev["opts"].select)
+        best.evaluated["timing"] = timing[best.plan]
+        best.evaluated["other_plans"] = [{**c.evaluated, "timing": timing[c.plan]} for c in cands
+                                         if c is not best and passes(c) and passes(best)]
         return best.evaluated, best.plan, plan_section
     if quant.startswith("native"):               # one native plan, asked for by name (e.g. for another host)
         return _native_candidates(work, ev, say, only=quant)[0].evaluated, quant, None
@@ -218,7 +226,8 @@ def _gate_drift(drift, opts: CompileOptions, warnings: list) -> None:
 
 def _build_bundle(stage, ctx: StageInput, r: dict, quant: str, plan_section, pipeline, out, warnings: list):
     """The golden record, the board's stage (:meth:`~edgehft.compiler.stage.CompilerStage.build`) and the
-    bundle written to ``out`` from the evaluation ``r`` of the plan ``quant``. Returns (bundle, report)."""
+    bundle written to ``out`` from the evaluation ``r`` of the plan ``quant`` (with ``r["other_plans"]`` as
+    ``plans/<plan>/`` sub-bundles, :func:`_plan_bundles`). Returns (bundle, report)."""
     board, work, info = ctx.board, ctx.work, ctx.info
     ir, inputs, outputs, manifest, draft, gold, drift, model_file = (r[k] for k in (
         "ir", "inputs", "outputs", "manifest", "draft", "gold", "drift", "model_file"))
@@ -250,8 +259,41 @@ def _build_bundle(stage, ctx: StageInput, r: dict, quant: str, plan_section, pip
         report.notes.append("no drift figures: the model came quantized (.tflite), so there is no float "
                             "reference to compare with")
     _attach_features(manifest, files, pipeline, warnings)
+    if r.get("other_plans"):
+        files.update(_plan_bundles(ctx, r, quant, manifest, pipeline))
+        report.notes.append(f"the bundle carries {len(manifest.plans)} plans ({', '.join(manifest.plans)}): the top "
+                            f"level is this host's choice by {ctx.opts.select}; `edgehft deploy` times them on the "
+                            "box and records the one it runs; `edgehft run/bench --plan NAME` runs one by name")
     ctx.say("write bundle")
     return write_bundle(out, manifest, files, report=report.model_dump()), report
+
+
+def _plan_entry(r: dict, where: str | None) -> PlanEntry:
+    """The manifest's :class:`~edgehft.bundle.PlanEntry` of the evaluation ``r`` (in ``where``; None: top level)."""
+    drift, t = r["drift"], r.get("timing") or {}
+    return PlanEntry(dir=where, drift_rel_mae=max(o.mae_rel for o in drift.outputs) if drift else None,
+                     drift_passed=drift.passed if drift else None,
+                     compile_host={k: round(float(t[k]), 3) for k in ("p50_us", "p99_us", "p99.9_us", "mean_us")
+                                   if k in t})
+
+
+def _plan_bundles(ctx: StageInput, r: dict, quant: str, manifest: Manifest, pipeline) -> dict:
+    """The files of each other plan in ``r["other_plans"]`` as a complete sub-bundle ``plans/<plan>/`` (its
+    manifest, model, golden vectors, native chain, feature pipeline), and ``manifest.plans`` listing the top
+    level ``quant`` and each of them."""
+    from edgehft.bundle import PLANS_DIR
+    files: dict = {}
+    manifest.plans = {quant: _plan_entry(r, None)}
+    for o in r["other_plans"]:
+        m, plan = o["manifest"], o["manifest"].quantization.mode
+        m.golden, _, golden_files = golden_record(o["draft"], ctx.board, o["gold"], o["inputs"], o["outputs"])
+        m.format_version = FORMAT_VERSION_FOR_PLAN.get(plan, 1)
+        m.toolchain = {**manifest.toolchain, "interpreter": o["gold"].path}
+        sub = {"model.tflite": o["model_file"], **golden_files, **(o.get("native_files") or {})}
+        _attach_features(m, sub, pipeline)
+        files.update(plan_files(plan, m, sub))
+        manifest.plans[plan] = _plan_entry(o, f"{PLANS_DIR}/{plan}")
+    return files
 
 
 def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> list:

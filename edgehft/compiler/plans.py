@@ -3,11 +3,16 @@
 The candidates are the same Keras model converted three ways (full int8, dynamic range = int8 weights
 with float activations, float32). Each is checked against the Keras float model on the held-out windows
 (the drift gate) and timed through the cpu runtime's ``predict``, all candidates interleaved round by
-round on one pinned core with one thread, so load from other processes hits every candidate alike. The
-fastest candidate at p50 that passes the drift gate becomes the bundle's ``model.tflite``: its golden
-vectors, drift figures and op report are the ones recorded, and the report's ``plan`` section lists every
-candidate with what was measured. The full-int8 graph is kept in the bundle as ``model_int8.tflite``
-(the IR accelerator boards read); they never use ``auto``, so their bit-exact int8 contract is unchanged.
+round on one pinned core with one thread, so load from other processes hits every candidate alike. Of the
+candidates that pass the drift gate, the one with the lowest ``--select`` percentile (p99 by default; p50 or
+p99.9) becomes the bundle's top level (``model.tflite``): its golden vectors, drift figures and op report are
+the ones recorded, and the report's ``plan`` section lists every candidate with what was measured. Every
+other candidate that passes the gate is shipped too, as a complete sub-bundle in ``plans/<plan>/`` (its own
+manifest, model files and golden vectors; the top manifest's ``plans`` lists them with their drift and this
+host's figures): the compile host is rarely the box, so ``edgehft deploy`` times them again on the box and
+records the one it runs (:mod:`edgehft.runtime.plans`). Candidates that fail the gate are only reported. The
+full-int8 graph is kept in the bundle as ``model_int8.tflite`` (the IR accelerator boards read); they never
+use ``auto``, so their bit-exact int8 contract is unchanged.
 
 A fourth candidate, ``native`` (:mod:`edgehft.compiler.native`), joins when the model has LSTM ops the
 native kernel takes and g++ is here: the dynamic-range graph with each UNIDIRECTIONAL_SEQUENCE_LSTM run by
@@ -20,9 +25,6 @@ kernel and the pools, concatenations, reshapes, slices, Dense layers and softmax
 """
 from __future__ import annotations
 
-import gc
-import os
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,64 +56,60 @@ class Candidate:
 
 
 def time_plans(bundles: dict, board, windows: np.ndarray, rounds: int = 300, warmup: int = 30) -> dict:
-    """p50/p99/p99.9/mean µs of ``predict`` per plan, measured interleaved (one call of each plan per
-    round) on one core of this process's affinity with one interpreter thread. The affinity is restored."""
-    from edgehft.bench.replay import summarize_us
+    """p50/p99/p99.9/mean µs of ``predict`` per plan (``bundles``: plan -> draft Bundle), measured interleaved
+    (one call of each plan per round) on one core of this process's affinity with one interpreter thread
+    (:func:`edgehft.runtime.plans.time_runners`; ``windows`` float32 (N, *input_shape[1:]), cycled). The
+    affinity is restored. Returns ``{plan: {"p50_us", "p99_us", "p99.9_us", "mean_us", "p99_over_p50"},
+    "_core": cpu}``."""
     from edgehft.runtime import cpu as cpu_runtime
-    before = os.sched_getaffinity(0)
-    core = max(before)
-    runners = {p: cpu_runtime.Runner(b, board, threads=1) for p, b in bundles.items()}
-    lat = {p: np.empty(rounds, np.int64) for p in runners}
-    perf = time.perf_counter_ns
-    gc_was = gc.isenabled()
+    from edgehft.runtime.plans import time_runners
+    runners = {}
     try:
-        os.sched_setaffinity(0, {core})
-        gc.collect()
-        gc.disable()
-        order = list(runners.items())
-        for r in range(-warmup, rounds):
-            x = windows[r % len(windows)]
-            for p, run in (order if r % 2 else order[::-1]):       # ABC CBA ...: no fixed position
-                t0 = perf()
-                run.predict(x)
-                t1 = perf()
-                if r >= 0:
-                    lat[p][r] = t1 - t0
+        for p, b in bundles.items():
+            runners[p] = cpu_runtime.Runner(b, board, threads=1)
+        return time_runners(runners, list(windows), rounds=rounds, warmup=warmup)
     finally:
-        if gc_was:
-            gc.enable()
-        os.sched_setaffinity(0, before)
         for run in runners.values():
             run.close()
-    out = {}
-    for p, ns in lat.items():
-        s = summarize_us(ns)
-        out[p] = {"p50_us": s["p50"], "p99_us": s["p99"], "p99.9_us": s["p99.9"], "mean_us": s["mean"],
-                  "p99_over_p50": s["p99"] / s["p50"]}
-    out["_core"] = core
-    return out
 
 
-def choose(cands: list[Candidate], timing: dict) -> tuple[Candidate, dict]:
-    """The fastest candidate at p50 among those passing the drift gate (or with no drift figures); if
-    none passes, the one with the lowest relative MAE (the drift gate then warns or fails as usual).
-    Returns the choice and the report's ``plan`` section."""
-    def rel(c):
-        return max(o.mae_rel for o in c.drift.outputs) if c.drift else None
-    ok = [c for c in cands if c.drift is None or c.drift.passed]
+def _rel(c: Candidate):
+    """The worst output's relative MAE of candidate ``c`` (None without drift figures)."""
+    return max(o.mae_rel for o in c.drift.outputs) if c.drift else None
+
+
+def passes(c: Candidate) -> bool:
+    """``c`` passes the drift gate (or has no drift figures to judge: a model given as .tflite)."""
+    return c.drift is None or c.drift.passed
+
+
+def choose(cands: list[Candidate], timing: dict, select: str = "p99") -> tuple[Candidate, dict]:
+    """The candidate with the lowest ``select`` percentile (``p50``, ``p99`` or ``p99.9``; ties by p50) among
+    those passing the drift gate (or with no drift figures), by :func:`edgehft.runtime.plans.pick`, the same
+    rule the box applies at deploy; if none passes, the one with the lowest relative MAE (the drift gate then
+    warns or fails as usual). Returns the choice and the report's ``plan`` section; each ``measured`` row
+    says whether the plan is ``shipped`` (passing plans go into the bundle, the others are only reported).
+
+    Raises:
+        InputError: an unknown ``select``.
+    """
+    from edgehft.runtime.plans import pick
+    ok = [c for c in cands if passes(c)]
     if ok:
-        best = min(ok, key=lambda c: timing[c.plan]["p50_us"])
-        why = "fastest p50 of the plans that pass the drift gate"
+        name = pick({c.plan: timing[c.plan] for c in ok}, select)
+        best = next(c for c in ok if c.plan == name)
+        why = f"lowest {select} of the plans that pass the drift gate, measured on this host"
     else:
-        best = min(cands, key=lambda c: rel(c))
+        best = min(cands, key=lambda c: _rel(c))
         why = "no plan passes the drift gate: the one with the lowest drift"
     measured = [{"plan": c.plan, **{k: round(v, 2) for k, v in timing[c.plan].items()},
-                 "drift_rel_mae": rel(c), "drift_passed": None if c.drift is None else c.drift.passed,
+                 "drift_rel_mae": _rel(c), "drift_passed": None if c.drift is None else c.drift.passed,
                  "argmax_agreement": c.drift.outputs[0].argmax_agreement if c.drift else None,
-                 "chosen": c is best} for c in cands]
+                 "chosen": c is best, "shipped": c is best or (bool(ok) and passes(c))} for c in cands]
     from edgehft.bench.fingerprint import machine_fingerprint
     fp = machine_fingerprint()
-    section = {"mode": "auto", "chosen": best.plan, "why": why, "candidates": [c.plan for c in cands],
+    section = {"mode": "auto", "chosen": best.plan, "why": why, "select": select, "candidates": [c.plan for c in cands],
+               "shipped": [m["plan"] for m in measured if m["shipped"]],
                "measured": measured,
                "measured_on": {"cpu_model": fp["cpu_model"], "logical_cpus": fp["logical_cpus"],
                                "pinned_cpu": timing["_core"], "threads": 1,
@@ -122,5 +120,8 @@ def choose(cands: list[Candidate], timing: dict) -> tuple[Candidate, dict]:
                              "and the op table are that plan's, produced by the cpu runtime that runs it"
                              + ("" if best.plan == "int8" else
                                 "; model_int8.tflite is the full-int8 graph (what accelerator boards get), "
-                                "kept for reference, not run by this bundle"))}
+                                "kept for reference, not run by this bundle")
+                             + ("; every other shipped plan is a complete bundle in plans/<plan>/ with its own golden "
+                                "vectors: `edgehft deploy` times them on the box and records the one it runs"
+                                if len([m for m in measured if m["shipped"]]) > 1 else ""))}
     return best, section

@@ -11,7 +11,15 @@ and exit status 1 (2: bad arguments). Commands:
     receive --version V --bytes N --meta JSON [--held] [--idle-timeout S]
                                  bundle tar on stdin -> incoming/V
     verify --version V           SHA-256 of every staged file against the staged manifest
-    golden --version V --board B [--emulate]   the bundle's golden vectors on the box's own runtime
+    golden --version V --board B [--emulate] [--plans P1,P2]
+                                 the bundle's golden vectors on the box's own runtime (--plans: those of each
+                                 named plan of the bundle, {"plans": {plan: result}}; a plan this box cannot run
+                                 is {"skipped": why})
+    plans --version V --board B --plans P1,P2 [--select S] [--forced P] [--core N] [--rounds R] [--held]
+          [--meta JSON]          time the named plans on this box (one process, interleaved, pinned to core N),
+                                 choose one (--forced, else the lowest --select percentile) and record it in
+                                 plan/V.json (edgehft.runtime.plans); --meta {"excluded": {plan: why}} is kept
+                                 in the record
     activate --version V [--keep K] [--held] [--expect-active V|none]
                                  re-verify, move to versions/, atomic switch of previous and current
     rollback [--to V]            switch back (to the previous version by default)
@@ -32,7 +40,7 @@ Idle timeout: ``receive`` and ``hold`` give up when no byte arrives on stdin for
 (default ``$EDGEHFT_IDLE_TIMEOUT``, else 30): over a stalled link the agent removes its partial transfer,
 exits and frees the box, instead of blocking until TCP gives up.
 
-Crash isolation: ``golden`` and ``hil`` open the bundle's model with the board's runtime, which can crash
+Crash isolation: ``golden``, ``plans`` and ``hil`` open the bundle's model with the board's runtime, which can crash
 the interpreter (e.g. SIGSEGV in native code). They run in a child process (the same command with
 ``--in-child``, core dumps off); the agent survives the child's death and answers with a DeployError (exit
 9) that names the step and the signal, e.g. "golden crashed on the box: ... killed by SIGSEGV (signal 11)".
@@ -55,7 +63,8 @@ from pathlib import Path
 
 from edgehft.errors import DeployError, EdgeHFTError
 
-ISOLATED = ("golden", "hil")        # commands that run the bundle's model: in a child process
+ISOLATED = ("golden", "plans", "hil")        # commands that run the bundle's model: in a child process
+PLAN_CHOICE = 1         # the plan-choice protocol this agent speaks (golden --plans, plans), said in the probe
 
 
 class HangUp(Exception):
@@ -80,13 +89,48 @@ def _golden(store, args) -> dict:
     from edgehft.deploy.store import failpoint
     from edgehft import runtime
     from edgehft.bundle_checks import check_golden
+    from edgehft.errors import BoardUnavailableError
     path = store.staged(args.version)
     opts = {"emulate": True} if args.emulate else {}
-    with runtime.open(path, args.board, **opts) as r:
-        res = check_golden(r)
-        res.update(board=r.board, emulated=r.emulated, version=args.version)
+    if not args.plans:
+        with runtime.open(path, args.board, **opts) as r:
+            res = check_golden(r)
+            res.update(board=r.board, emulated=r.emulated, version=args.version)
+        failpoint("golden:before-result")
+        return res
+    per = {}
+    for name in args.plans.split(","):
+        try:
+            with runtime.open(path, args.board, plan=name, **opts) as r:
+                per[name] = {**check_golden(r), "board": r.board, "emulated": r.emulated}
+        except BoardUnavailableError as exc:        # this box cannot run that plan (a library, a CPU feature)
+            per[name] = {"ok": False, "skipped": exc.args[0]}
     failpoint("golden:before-result")
-    return res
+    return {"plans": per, "version": args.version}
+
+
+def _time_plans(store, args) -> dict:
+    """The plans named in ``args.plans`` opened on this box and timed interleaved in this process
+    (:func:`edgehft.runtime.plans.time_runners` on the golden inputs). Returns ``{"measured", "pinned_cpu",
+    "rounds", "windows"}``; the choice and its record are the parent agent's (:meth:`Store.record_plan`)."""
+    from edgehft import runtime
+    from edgehft.deploy.store import failpoint
+    from edgehft.runtime.plans import time_runners, timing_windows
+    path = store.staged(args.version)
+    if not 1 <= args.rounds <= 100_000 or not args.plans:
+        raise DeployError(f"plans: --rounds {args.rounds} (1 to 100000) and --plans are needed",
+                          hint="a bug in the deploy that called the agent")
+    runners = {}
+    try:
+        for name in args.plans.split(","):
+            runners[name] = runtime.open(path, args.board, plan=name)
+        windows = timing_windows([r.bundle for r in runners.values()])
+        figures = time_runners(runners, windows, rounds=args.rounds, core=args.core)
+    finally:
+        for r in runners.values():
+            r.close()
+    failpoint("plans:before-result")
+    return {"measured": figures, "pinned_cpu": figures.pop("_core"), "rounds": args.rounds, "windows": len(windows)}
 
 
 def _hil(store, args) -> dict:
@@ -107,7 +151,7 @@ def _abandon(store, args, reason: str) -> None:
     """The deploy that staged ``args.version`` is gone (killed, connection dropped) during hold, receive,
     verify or golden: it will never switch to that version, so remove it now instead of leaving it to the
     next deploy."""
-    if args.command in ("hold", "receive", "verify", "golden") and args.version:
+    if args.command in ("hold", "receive", "verify", "golden", "plans") and args.version:
         if args.command == "hold" and not (store.incoming / args.version).is_dir():
             return                  # nothing staged yet: nothing to log either
         try:
@@ -208,8 +252,8 @@ def _no_core_dumps() -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m edgehft.deploy.agent")
-    p.add_argument("command", choices=["probe", "hold", "receive", "verify", "golden", "activate", "rollback",
-                                       "discard", "status", "hil"])
+    p.add_argument("command", choices=["probe", "hold", "receive", "verify", "golden", "plans", "activate",
+                                       "rollback", "discard", "status", "hil"])
     p.add_argument("check", nargs="?")
     p.add_argument("--root", required=True)
     p.add_argument("--version")
@@ -225,6 +269,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--held", action="store_true", help="the deploy holds the box (hold): refuse if it no longer does")
     p.add_argument("--expect-active", help="activate: refuse unless this version (or 'none') is active")
     p.add_argument("--idle-timeout", type=float, help="receive/hold: seconds without a byte before giving up")
+    p.add_argument("--plans", help="golden/plans: the bundle's plans to check or time, comma-separated")
+    p.add_argument("--select", default="p99", help="plans: the percentile the plan is chosen by (p50, p99, p99.9)")
+    p.add_argument("--forced", help="plans: record this plan whatever the timing says")
+    p.add_argument("--core", type=int, help="plans: the CPU to time on (default: the highest one allowed)")
+    p.add_argument("--rounds", type=int, default=300, help="plans: timed calls per plan")
     p.add_argument("--in-child", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -234,7 +283,7 @@ def _run(store, args):
     from edgehft.deploy.store import ANY, IdleStream, idle_timeout
     if args.command == "probe":
         from edgehft.deploy.probe import probe_box
-        return {"facts": probe_box(), "status": store.status()}
+        return {"facts": {**probe_box(), "plan_choice": PLAN_CHOICE}, "status": store.status()}
     if args.command == "hold":
         return _hold(store, args)
     if args.command == "receive":
@@ -244,6 +293,8 @@ def _run(store, args):
         return store.verify(args.version)
     if args.command == "golden":
         return _golden(store, args)
+    if args.command == "plans":
+        return _time_plans(store, args)
     if args.command == "activate":
         expect = ANY if args.expect_active is None else (None if args.expect_active == "none" else args.expect_active)
         return store.activate(args.version, keep=args.keep, expect=expect, held=args.held)
@@ -271,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
                 emit(answer)
                 return 1
             res = answer.get("result")
+            if args.command == "plans":             # the child timed them; the choice is recorded here
+                res = store.record_plan(args.version, res, select=args.select, forced=args.forced,
+                                        excluded=json.loads(args.meta or "{}").get("excluded") or {}, held=args.held)
         else:
             if args.in_child:
                 _no_core_dumps()

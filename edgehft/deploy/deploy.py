@@ -8,6 +8,16 @@ runtime: exact for int8 backends, the stated tolerance for float ones) → ``swi
 served before; a staged version that fails a check is removed and the failure is logged in the box's
 ``history.jsonl``.
 
+A bundle that carries several execution plans (``compile --quant auto``: the manifest's ``plans``) is chosen
+for on the box: ``golden`` runs every plan's golden vectors there (``golden --plans``; a plan the box cannot
+run, or whose vectors differ, is left out with a warning; a forced plan that fails is exit 8), then
+``plan`` (agent ``plans``) times the plans that passed in one process on the box, interleaved, pinned to one
+core (``core``, default the board file's ``[runtime] core``, else the box's highest allowed CPU), picks the
+lowest ``select`` percentile (or the forced plan) and records it in ``plan/<vid>.json`` with every plan's
+figures (:mod:`edgehft.runtime.plans`) before the switch, so a serving process opening ``current`` runs it
+from the first moment. A box whose edgehft predates plan choice (its probe does not say ``plan_choice``)
+runs the bundle's top level, the compile host's choice, as it always did, with a warning.
+
 One deploy at a time per box (design): a deploy is several ssh calls, so no single box process spans it.
 Two mechanisms, both on the box:
 
@@ -55,9 +65,10 @@ from edgehft.bundle import MANIFEST, load_bundle, sha256_file
 from edgehft.deploy.probe import board_mismatches
 from edgehft.deploy.ssh import AgentSession, SshTarget, run_agent
 from edgehft.errors import DeployError, EdgeHFTError, GoldenMismatchError, RemoteError
+from edgehft.runtime.plans import DEFAULT_SELECT, check_select
 from edgehft.signing import SIGNATURE
 
-STEPS = ("probe", "hold", "upload", "verify", "golden", "switch")
+STEPS = ("probe", "hold", "upload", "verify", "golden", "plan", "switch")    # "plan": bundles with several plans
 
 
 @dataclass
@@ -81,6 +92,7 @@ class DeployResult:
     seconds: dict = field(default_factory=dict)
     plan: list[str] | None = None      # --dry-run: what would happen
     warnings: list[str] = field(default_factory=list)    # e.g. the switch could not be logged on the box
+    plan_choice: dict | None = None    # the box's record of the execution plan it chose (several-plan bundles)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -198,7 +210,8 @@ class _Steps:
 
 
 def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, *, force: bool = False,
-           dry_run: bool = False, keep: int = 3, emulate: bool = False,
+           dry_run: bool = False, keep: int = 3, emulate: bool = False, select: str = DEFAULT_SELECT,
+           plan: str | None = None, core: int | None = None, plan_rounds: int = 300,
            on_step: Callable[[str, SshTarget, dict], None] | None = None) -> DeployResult:
     """Deploy the bundle at ``bundle_dir`` to ``target``; never raises for a per-host failure.
 
@@ -208,12 +221,17 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         dry_run: probe only (read-only) and return the plan.
         keep: versions kept on the box after the switch (active and previous always kept).
         emulate: run the golden vectors on the box in emulation (accelerator boards without the device).
+        select: a bundle with several execution plans: the percentile (p50, p99, p99.9) the box chooses by.
+        plan: force this execution plan (its golden vectors are still checked; the others still timed).
+        core: the CPU the plans are timed on (default: the board file's ``[runtime] core``, else the box's
+            highest allowed one); ``plan_rounds``: timed calls per plan.
         on_step: called before each step with (step, target, context) — progress display and fault tests.
     Returns:
         :class:`DeployResult`; ``exit_code`` 9 refused/failed (box unchanged; also: held by another deploy,
         switched since the probe, the agent killed by a signal), 10 unreachable or the link stalled, 8
-        golden vectors not reproduced on the box (nothing switched), 6 the local bundle is broken.
-        ``warnings``: e.g. the switch happened but could not be logged on the box (pruning skipped).
+        golden vectors not reproduced on the box (nothing switched), 6 the local bundle is broken, 3 an
+        unknown ``plan`` or ``select``. ``warnings``: e.g. the switch happened but could not be logged on the
+        box (pruning skipped), a plan left out on the box. ``plan_choice``: the box's plan record.
     """
     res = DeployResult(host=target.label, board=board or "?", install_dir=target.install_dir)
     ctx: dict = {}
@@ -221,6 +239,9 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
     try:
         b = load_bundle(bundle_dir, verify=True)
         b.require_golden()           # none (compile could not make them): refused before the box is touched
+        check_select(select)
+        if plan is not None:
+            b.plan(plan)             # an unknown plan: exit 3, naming the bundle's plans
         res.board = name = board or b.manifest.board
         spec = load_board(name)
         if name != b.manifest.board:
@@ -233,16 +254,15 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         bundle_sha = sha256_file(b.path / MANIFEST)
         vid = version_id(bundle_sha)
         ctx.update(bundle=str(b.path), version=vid, files=len(files), bytes=nbytes)
-        status = _probe(steps, b, spec, force, res)
+        status = _probe(steps, b, spec, force, res, plan)
         res.version = vid
+        choosing = ctx["choosing"] = bool(ctx["choose_on_box"] and len(b.plan_names()) > 1)
+        if core is None and spec.runtime.get("core") is not None:
+            core = spec.runtime["core"]
+        ctx["choice"] = {"select": select, "forced": plan, "core": core, "rounds": plan_rounds}
         if dry_run:
             res.ok = True
-            res.plan = [f"upload {len(files)} files ({nbytes:,} B) to {target.install_dir}/incoming/{vid}",
-                        "verify SHA-256 of every file on the box",
-                        f"run {b.manifest.golden.count if b.manifest.golden else 0} golden vectors on the box "
-                        f"({b.manifest.golden.compare if b.manifest.golden else 'none'})",
-                        f"switch {target.install_dir}/current from {status.get('active') or 'nothing'} to {vid}",
-                        f"keep {keep} versions"]
+            res.plan = _dry_run_lines(b, target, vid, files, nbytes, status, keep, ctx["choice"] if choosing else None)
             return res
         meta = {"bundle_sha256": bundle_sha, "board": name, "model_file": b.manifest.model_file,
                 "model_sha256": b.manifest.files.get(b.manifest.model_file), "compiled_utc": b.manifest.created_utc,
@@ -258,17 +278,49 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
     return res
 
 
-def _probe(steps: _Steps, b, spec, force: bool, res: DeployResult) -> dict:
+def _dry_run_lines(b, target: SshTarget, vid: str, files: list, nbytes: int, status: dict, keep: int,
+                   choice: dict | None) -> list[str]:
+    """What a deploy would do, one line per step (``choice``: the plan choice on the box, or None)."""
+    g = b.manifest.golden
+    lines = [f"upload {len(files)} files ({nbytes:,} B) to {target.install_dir}/incoming/{vid}",
+             "verify SHA-256 of every file on the box",
+             f"run {g.count if g else 0} golden vectors on the box ({g.compare if g else 'none'})"
+             + (f" for each of its {len(b.plan_names())} plans" if choice else "")]
+    if choice:
+        core = choice["core"] if choice["core"] is not None else "(its highest allowed)"
+        lines.append(f"time the plans {', '.join(b.plan_names())} on the box, pinned to CPU {core}, and record "
+                     + (f"{choice['forced']} (forced)" if choice["forced"] else f"the lowest {choice['select']}"))
+    return lines + [f"switch {target.install_dir}/current from {status.get('active') or 'nothing'} to {vid}",
+                    f"keep {keep} versions"]
+
+
+def _probe(steps: _Steps, b, spec, force: bool, res: DeployResult, plan: str | None = None) -> dict:
     """Run the probe, check the box is ``spec``'s board (or record what ``force`` overrode); returns the
-    box's install-dir status. Raises DeployError for a mismatch without ``force``."""
+    box's install-dir status and sets ``steps.ctx["choose_on_box"]`` (the box's agent chooses plans). A
+    bundle with several plans needs g++ (AMX) on the box only when every plan it may run there does.
+
+    Raises:
+        DeployError: a mismatch without ``force``; a forced ``plan`` other than the top level on a box whose
+            edgehft cannot choose plans.
+    """
     probed = steps.run("probe", "probe")
     facts, status = probed["facts"], probed["status"]
     res.active_before = res.active_after = status.get("active")
     res.box_reached = True
-    steps.ctx.update(facts=facts, status=status)
-    native = b.manifest.quantization.mode.startswith("native")
-    for why in board_mismatches(spec, facts, b.manifest.format_version, needs_cxx=native,
-                                needs_amx=b.manifest.quantization.mode == "native-bf16"):
+    top = b.manifest.quantization.mode
+    steps.ctx.update(facts=facts, status=status, choose_on_box=bool(facts.get("plan_choice")))
+    if len(b.plan_names()) > 1 and not facts.get("plan_choice"):
+        version = facts.get("packages", {}).get("edgehft", "?")
+        if plan not in (None, top):
+            raise DeployError(f"the box's edgehft {version} cannot run a plan other than the bundle's top level "
+                              f"({top}); --plan {plan} needs a newer one", hint="upgrade edgehft on the box")
+        res.warnings.append(f"the box's edgehft {version} does not choose among the bundle's {len(b.plan_names())} "
+                            f"plans: it runs the top level, {top} (the compile host's choice); upgrade edgehft on "
+                            "the box to time them there")
+    modes = ([plan] if plan else b.plan_names()) if steps.ctx["choose_on_box"] else [top]
+    for why in board_mismatches(spec, facts, b.manifest.format_version,
+                                needs_cxx=all(m.startswith("native") for m in modes),
+                                needs_amx=all(m == "native-bf16" for m in modes)):
         if not force:
             raise DeployError(f"the box is not a {res.board}: {why}",
                               hint="deploy to the right box, or pass --force if you know better")
@@ -285,8 +337,12 @@ def _install(steps: _Steps, b, files: list[str], vid: str, meta: dict, expect: s
     try:
         steps.run("verify", "verify", "--version", vid)
         golden_args = ["--emulate"] if emulate else []
-        # the golden vectors run as the bundle's own board (with --force the box may be labelled otherwise)
-        res.golden = g = steps.run("golden", "golden", "--version", vid, "--board", b.manifest.board, *golden_args)
+        if steps.ctx.get("choosing"):
+            _choose_plan(steps, b, vid, golden_args)
+            g = res.golden
+        else:
+            # the golden vectors run as the bundle's own board (with --force the box may be labelled otherwise)
+            res.golden = g = steps.run("golden", "golden", "--version", vid, "--board", b.manifest.board, *golden_args)
         if not g["ok"]:
             raise GoldenMismatchError(f"golden vectors differ on the box: {g['count'] - g['matched']} of "
                                       f"{g['count']} (max diff {g['max_diff']}, {g['compare']}, ran on "
@@ -300,6 +356,37 @@ def _install(steps: _Steps, b, files: list[str], vid: str, meta: dict, expect: s
         raise
     res.active_after = switched["active"]
     res.warnings += switched.get("warnings") or []
+
+
+def _choose_plan(steps: _Steps, b, vid: str, golden_args: list[str]) -> None:
+    """The ``golden`` step for every plan of ``b`` and the ``plan`` step (time, choose, record) on the box;
+    sets ``res.golden`` (the chosen plan's result, with every plan's under ``plans``) and ``res.plan_choice``.
+
+    Raises:
+        GoldenMismatchError: the forced plan's golden vectors differ (or it cannot run there), or no plan's
+            reproduce on the box.
+    """
+    res, names, c = steps.res, b.plan_names(), steps.ctx["choice"]
+    per = steps.run("golden", "golden", "--version", vid, "--board", b.manifest.board, "--plans", ",".join(names),
+                    *golden_args)["plans"]
+    excluded = {n: (per[n].get("skipped") or f"golden vectors differ: {per[n]['count'] - per[n]['matched']} of "
+                    f"{per[n]['count']} (max diff {per[n]['max_diff']}, ran on {per[n]['path']})")
+                for n in names if not per[n].get("ok")}
+    passed = [n for n in names if n not in excluded]
+    forced = c["forced"]
+    if (forced and forced in excluded) or not passed:
+        which = [forced] if forced else names
+        raise GoldenMismatchError("golden vectors not reproduced on the box for " + "; ".join(
+            f"plan {n}: {excluded[n]}" for n in which), hint="the box's runtime does not compute what the bundle "
+                                                                 "was compiled to compute; nothing was switched" + (
+                                                                 f"; plans that pass there: {', '.join(passed)}"
+                                                                 if passed else ""))
+    res.warnings += [f"plan {n} left out on the box: {why}" for n, why in excluded.items()]
+    args = ["--version", vid, "--board", b.manifest.board, "--plans", ",".join(passed), "--select", c["select"],
+            "--rounds", str(c["rounds"]), "--held", "--meta", json.dumps({"excluded": excluded})]
+    args += (["--forced", forced] if forced else []) + (["--core", str(c["core"])] if c["core"] is not None else [])
+    res.plan_choice = rec = steps.run("plan", "plans", *args, timeout=600 + 2 * c["rounds"])
+    res.golden = {**per[rec["plan"]], "plan": rec["plan"], "plans": per}
 
 
 def _discard(target: SshTarget, vid: str, reason: str) -> None:

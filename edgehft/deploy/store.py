@@ -9,6 +9,9 @@ Layout under ``root`` (the board file's ``[ssh] install_dir``)::
     incoming/<vid>.partial/          a transfer in progress (or one killed mid-way: removed by the next deploy)
     incoming/<vid>/                  received in full, not yet active (verify and golden run here)
     meta/<vid>.json                  where a version came from (bundle and model SHA-256, board, times)
+    plan/<vid>.json                  the execution plan chosen on this box for a bundle that carries several
+                                     (timed at deploy, or forced; every plan's figures): what a serving process
+                                     opening ``current`` runs (:mod:`edgehft.runtime.plans`)
     history.jsonl                    every switch, rollback and failed attempt, one JSON object per line
     deploy.lock                      flock held by each step that changes the directory (receive, activate,
                                      rollback, discard); while held it names the step, version, pid and time
@@ -53,7 +56,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
-from edgehft.errors import BundleError, DeployError
+from edgehft.errors import BundleError, DeployError, InputError
+from edgehft.runtime.plans import RECORD_DIR, make_record, pick, read_record, record_path
 from edgehft.signing import SIGNATURE, check_install_dir
 
 VID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{12}-[0-9a-f]{4}$")
@@ -205,6 +209,7 @@ class Store:
         self.versions = self.root / "versions"
         self.incoming = self.root / "incoming"
         self.meta = self.root / "meta"
+        self.plan_dir = self.root / RECORD_DIR
         self.current = self.root / "current"
         self.previous_link = self.root / "previous"
         self.history_file = self.root / "history.jsonl"
@@ -273,10 +278,72 @@ class Store:
         except (OSError, json.JSONDecodeError):
             return {"version": vid}
 
+    def plan_info(self, vid: str) -> tuple[dict | None, str | None]:
+        """The execution plan installed version ``vid`` runs here and how it was chosen, or why that is not
+        known: ``(info, None)`` or ``(None, problem)``. ``info``: ``plan``, ``how`` (``only``: the bundle has
+        one plan; ``top level``: it carries several and no record exists, so the compile host's choice runs;
+        else the record's ``timed``/``forced`` with its ``select``, ``measured`` figures, ``excluded`` plans,
+        ``pinned_cpu`` ...) and ``plans`` (every plan the bundle carries). ``problem``: the bundle's manifest
+        or the box's plan record is damaged."""
+        path = self.versions / vid
+        try:
+            names = load_bundle(path, verify=False).plan_names()
+            if len(names) == 1:
+                return {"plan": names[0], "how": "only", "plans": names}, None
+            rec = read_record(self.root, vid, sha256_file(path / MANIFEST), names)
+        except (BundleError, OSError) as exc:
+            return None, exc.args[0] if isinstance(exc, BundleError) else f"{path}: {exc}"
+        if rec is None:
+            return {"plan": names[0], "how": "top level", "plans": names}, None
+        return {**rec, "plans": names}, None
+
+    def record_plan(self, vid: str, timed: dict, select: str = "p99", forced: str | None = None,
+                    excluded: dict | None = None, held: bool = False) -> dict:
+        """Choose the plan of staged version ``vid`` from the figures the box just measured (``timed``:
+        :func:`edgehft.runtime.plans.time_runners` as the agent's ``plans`` command returns them):
+        ``forced`` if given, else the lowest ``select`` percentile; write ``plan/<vid>.json`` atomically
+        (a temporary file fsynced and renamed) and return the record.
+
+        Raises:
+            DeployError: not staged, held by another deploy (or ``held`` and this deploy's hold ended), a
+                forced plan that was not timed, an unknown ``select``, the record cannot be written.
+        """
+        with self.locked("plan", vid):
+            self._check_hold(vid, held)
+            path = self.staged(vid)
+            measured = timed.get("measured") or {}
+            try:
+                plan = forced if forced else pick(measured, select)
+            except (InputError, ValueError) as exc:
+                raise DeployError(f"cannot choose a plan: {exc.args[0]}", hint="deploy again") from None
+            if plan not in measured:
+                raise DeployError(f"the forced plan {plan!r} was not timed on the box (timed: {', '.join(measured)})",
+                                  hint="force a plan the bundle carries and the box runs")
+            rec = make_record(vid, sha256_file(path / MANIFEST), plan, "forced" if forced else "timed", select,
+                              measured, excluded or {}, timed.get("pinned_cpu", 0), timed.get("rounds", 0),
+                              timed.get("windows", 0))
+            self.plan_dir.mkdir(parents=True, exist_ok=True)
+            dst = record_path(self.root, vid)
+            tmp = dst.with_name(f".{dst.name}.{os.getpid()}")
+            try:
+                with open(tmp, "w") as fh:
+                    json.dump(rec, fh, indent=1)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                failpoint("plan:before-rename")
+                os.replace(tmp, dst)
+                _fsync_dir(self.plan_dir)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                raise DeployError(f"cannot record the plan chosen for {vid} in {self.plan_dir}: {exc.strerror or exc}; "
+                                  "nothing was switched", hint="free space on the box, then deploy again") from None
+        return rec
+
     def status(self) -> dict:
-        """``{"root", "active", "active_info", "active_problems", "previous", "previous_source", "held_by",
-        "versions": [meta…], "staged", "partial", "history"}`` (``held_by``: the deploy that holds the box
-        now, see :func:`describe_holder`, or None)."""
+        """``{"root", "active", "active_info", "active_problems", "active_plan", "plan_problem", "previous",
+        "previous_source", "held_by", "versions": [meta… with "plan"], "staged", "partial", "history"}``
+        (``held_by``: the deploy that holds the box now, see :func:`describe_holder`, or None;
+        ``active_plan``/``plan_problem``: :meth:`plan_info` of the active version)."""
         active = self.active()
         versions = self.installed()
         staged = sorted(p.name for p in self.incoming.iterdir()) if self.incoming.is_dir() else []
@@ -289,10 +356,14 @@ class Store:
                 problems = [exc.args[0]]
         prev, source = self.previous_info()
         holder = self.holder()
+        plans = {v: self.plan_info(v) for v in versions}
+        active_plan, plan_problem = plans.get(active, (None, None)) if active and not problems else (None, None)
         return {"root": str(self.root), "active": active, "active_info": self.info(active) if active else None,
-                "active_problems": problems, "previous": prev, "previous_source": source,
+                "active_problems": problems, "active_plan": active_plan, "plan_problem": plan_problem,
+                "previous": prev, "previous_source": source,
                 "held_by": describe_holder(holder) if holder is not None else None,
-                "versions": [{**self.info(v), "version": v, "active": v == active} for v in versions],
+                "versions": [{**self.info(v), "version": v, "active": v == active,
+                              "plan": (plans[v][0] or {}).get("plan")} for v in versions],
                 "staged": [s for s in staged if not s.endswith(".partial")],
                 "partial": [s for s in staged if s.endswith(".partial")],
                 "history": self.history()[-10:]}
@@ -443,6 +514,11 @@ class Store:
                                 reason="interrupted transfer" if p.name.endswith(".partial") else "staged, never activated")
         for p in [*self.root.glob(".current.*"), *self.root.glob(".previous.*")]:
             p.unlink(missing_ok=True)
+        if self.plan_dir.is_dir():          # records of versions neither installed nor staged, half-written ones
+            keep = set(self.installed()) | ({p.name for p in self.incoming.iterdir()} if self.incoming.is_dir() else set())
+            for p in self.plan_dir.iterdir():
+                if (p.is_file() or p.is_symlink()) and (p.name.startswith(".") or p.name.removesuffix(".json") not in keep):
+                    p.unlink(missing_ok=True)
 
     # -- steps ----------------------------------------------------------------------------------------
     def receive(self, vid: str, stream, declared_bytes: int, meta: dict, held: bool = False) -> dict:
@@ -654,6 +730,7 @@ class Store:
         for v in drop:
             shutil.rmtree(self.versions / v, ignore_errors=True)
             (self.meta / f"{v}.json").unlink(missing_ok=True)
+            record_path(self.root, v).unlink(missing_ok=True)
         return drop
 
     def rollback(self, to: str | None = None) -> dict:
@@ -706,5 +783,6 @@ class Store:
             existed = p.is_dir()
             shutil.rmtree(p, ignore_errors=True)
             (self.meta / f"{vid}.json").unlink(missing_ok=True)
+            record_path(self.root, vid).unlink(missing_ok=True)
             self.record("failed", version=vid, reason=reason)
         return {"discarded": vid if existed else None}

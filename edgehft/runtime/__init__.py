@@ -4,7 +4,8 @@ Never imports TensorFlow. One module per backend, found through :mod:`edgehft.ba
 ``backend`` field (the built-ins are ``edgehft/runtime/<backend>.py``; a plugin names its own); each exposes a
 ``Runner`` subclass of :class:`edgehft.runtime.base.Runner`. Beside them: ``litert`` (the LiteRT helpers the
 cpu, coral and pynq runners share), ``native_chain`` and ``arena`` (the cpu board's native plans),
-``coral_device`` (libedgetpu through ctypes), ``isolate`` (a bundle's first open in a child process).
+``coral_device`` (libedgetpu through ctypes), ``isolate`` (a bundle's first open in a child process), ``plans``
+(which of a bundle's execution plans a runner opens; timing and choosing them on a box).
 
     from edgehft import runtime
     with runtime.open("deeplob.bundle", threads=1, affinity=[1]) as r:
@@ -25,7 +26,7 @@ __all__ = ["open", "Runner"]
 
 def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int = 1,
          affinity: list[int] | None = None, require_signature: str | Path | bool | None = None,
-         **options) -> Runner:  # noqa: A001 - mirrors builtins.open
+         plan: str | None = None, **options) -> Runner:  # noqa: A001 - mirrors builtins.open
     """Open ``bundle`` on ``board`` (default: the board it was compiled for).
 
     Args:
@@ -37,13 +38,20 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
             against (checked before the manifest is read), or True for the install dir's (the bundle is
             ``<dir>/current`` or ``<dir>/versions/<vid>``: ``<dir>/allowed_signers``); None/False: no check.
             See :mod:`edgehft.signing`.
+        plan: the execution plan to run, by name (a bundle that carries several: ``Bundle.plan_names()``);
+            None: the plan recorded for this version on this box (a bundle opened as ``<install_dir>/current``
+            or ``versions/<vid>`` after ``edgehft deploy`` timed its plans there), else the bundle's top level
+            (the compile host's choice). The runner's ``plan`` and ``plan_source`` say which and why
+            (:func:`edgehft.runtime.plans.runner_plan`).
         options: backend-specific (cpu: ``op_resolver`` = ``auto`` | ``builtin`` | ``reference``;
             coral: ``device`` = ``usb`` | ``usb:N`` | ``pci`` | ``pci:N``, ``emulate`` = run the int8 graph
             on this CPU).
     Raises:
         InputError: ``emulate``/``device`` given for a board that runs on the host CPU (cpu); a
-            ``require_signature`` file that is not readable, or True for a bundle outside an install dir.
-        BundleError: malformed bundle, files that do not match the manifest, or a board mismatch;
+            ``require_signature`` file that is not readable, or True for a bundle outside an install dir; a
+            ``plan`` the bundle does not carry (the message lists its plans).
+        BundleError: malformed bundle, files that do not match the manifest, or a board mismatch; a damaged plan
+            record on the box;
             :class:`~edgehft.signing.SignatureError` for a missing or untrusted signature; a model that
             LiteRT refuses or crashes on in its first, isolated open (:mod:`edgehft.runtime.isolate`).
         BoardUnavailableError: the backend's library or device is missing on this machine, or no backend of
@@ -66,5 +74,11 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
                          hint="drop the option, or open a bundle compiled for an accelerator board")
     module = backend.load("runtime")
     from edgehft.runtime.isolate import first_open
-    first_open(b, spec, threads, options)      # a model that crashes LiteRT does so in a child, once per bundle
-    return module.Runner(b, spec, threads=threads, affinity=affinity, **options)
+    from edgehft.runtime.plans import runner_plan
+    if plan is None and b.manifest.plans and Path(path).resolve() != Path(path).absolute():
+        b = load_bundle(Path(path).resolve(), verify=True)      # `current` read once: the record is that version's
+    run_b, name, source = runner_plan(b, plan)
+    first_open(run_b, spec, threads, options)  # a model that crashes LiteRT does so in a child, once per bundle
+    runner = module.Runner(run_b, spec, threads=threads, affinity=affinity, **options)
+    runner.plan, runner.plan_source = name, source
+    return runner

@@ -21,7 +21,12 @@ from edgehft.runtime.litert import (OP_RESOLVERS, XNNPACK_REFUSED, interpreter_p
 
 class Runner(_Runner):
     """LiteRT on the host. ``op_resolver`` as in :func:`make_interpreter`; ``native_portable``: a native
-    plan's kernels on their portable paths (no AMX, no AVX-512), what a box without those units runs."""
+    plan's kernels on their portable paths (no AMX, no AVX-512), what a box without those units runs.
+    ``plan``/``plan_source``: the execution plan it runs and why (set by :func:`edgehft.runtime.open`; None
+    for a runner made directly on a plan's bundle)."""
+
+    plan: str | None = None
+    plan_source: str | None = None
 
     def __init__(self, bundle, board, *, threads: int = 1, affinity=None, op_resolver: str = "auto",
                  native_portable: bool = False):
@@ -187,7 +192,8 @@ class Runner(_Runner):
     def describe(self) -> dict:
         d = super().describe()
         d.update(backend="cpu", interpreter=self.path, zero_copy=self._zero_copy,
-                 state_reset_per_call=len(self.stateful_tensors))
+                 state_reset_per_call=len(self.stateful_tensors),
+                 plan=self.plan or self.bundle.manifest.quantization.mode, plan_source=self.plan_source)
         if getattr(self, "_chain", None):
             d.update(steps=[kind for kind, _ in self._chain.steps])
         return d
