@@ -1,5 +1,5 @@
 """edgehft's native CONV_2D kernel (edgehft/kernels/cpu/cpu_conv.cpp): TFLite CONV_2D semantics with bf16
-operands and fp32 sums, on AMX tiles where this machine has them and on the portable loop everywhere.
+operands and fp32 sums, on AMX tiles where this machine has them and on every SIMD dispatch target it runs.
 
 The reference is a float64 conv (zero padding as TFLite's SAME/VALID) of the bf16-rounded operands; the
 kernel must match it to fp32 summation error, and must *not* match the unrounded operands that closely
@@ -10,13 +10,14 @@ import pytest
 
 from edgehft.errors import DTypeError, ShapeError
 from edgehft.kernels.cpu import conv as native_conv
+from edgehft.kernels.cpu.build import force_target
 from edgehft.kernels.cpu.conv import NativeConv2D
-from native_reference import bf16, reference_conv
+from native_reference import bf16, cpu_targets, reference_conv
 
 pytestmark = pytest.mark.needs("g++")
 
 AMX = native_conv.amx_available()
-PATHS = [True] + ([False] if AMX else [])          # portable, and AMX where this CPU runs it
+TARGETS = cpu_targets()      # every dispatch target this CPU runs: AMX where it has it, each SIMD target
 
 
 GEOMETRIES = [   # (H, W, C, Co), (kh, kw), (sh, sw), padding: DeepLOB's convs and others
@@ -31,16 +32,17 @@ GEOMETRIES = [   # (H, W, C, Co), (kh, kw), (sh, sw), padding: DeepLOB's convs a
 ]
 
 
-@pytest.mark.parametrize("portable", PATHS, ids=lambda p: "portable" if p else "amx")
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("geom", GEOMETRIES, ids=lambda g: f"{g[0]}-{g[1]}-{g[2]}-{g[3]}")
-def test_conv_matches_float64_on_bf16_operands(geom, portable):
+def test_conv_matches_float64_on_bf16_operands(geom, target):
     (H, W, C, Co), k, stride, padding = geom
     rng = np.random.default_rng(H * W + C)
     w = rng.standard_normal((Co, *k, C)).astype(np.float32)
     b = rng.standard_normal(Co).astype(np.float32)
     x = rng.standard_normal((1, H, W, C)).astype(np.float32)
-    conv = NativeConv2D(w, b, (H, W), C, stride, padding, portable=portable)
-    assert conv.isa == ("portable" if portable else "amx-bf16")
+    with force_target(target):
+        conv = NativeConv2D(w, b, (H, W), C, stride, padding)
+    assert conv.isa == target
     y = conv.run(x)[0]
     ref, mag = reference_conv(bf16(x[0]), bf16(w), b, stride, padding)
     assert y.shape == ref.shape
@@ -51,17 +53,18 @@ def test_conv_matches_float64_on_bf16_operands(geom, portable):
     assert np.abs(exact - ref).max() > 20 * err.max()
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("act", ["none", "relu", "relu6", "relu_n1_to_1", "leaky_relu"])
-def test_activations_and_no_bias(act):
+def test_activations_and_no_bias(act, target):
     rng = np.random.default_rng(7)
     w = rng.standard_normal((20, 3, 1, 12)).astype(np.float32)
     x = (3 * rng.standard_normal((1, 30, 4, 12))).astype(np.float32)
-    for portable in PATHS:
-        y = NativeConv2D(w, None, (30, 4), 12, (1, 1), "SAME", activation=act, alpha=0.3, portable=portable).run(x)
-        ref, mag = reference_conv(bf16(x[0]), bf16(w), None, (1, 1), "SAME", act, 0.3)
-        assert (np.abs(y[0] - ref) <= 1e-6 * mag + 1e-7).all()
-        if act != "none":
-            assert not np.allclose(ref, reference_conv(bf16(x[0]), bf16(w), None, (1, 1), "SAME")[0])
+    with force_target(target):
+        y = NativeConv2D(w, None, (30, 4), 12, (1, 1), "SAME", activation=act, alpha=0.3).run(x)
+    ref, mag = reference_conv(bf16(x[0]), bf16(w), None, (1, 1), "SAME", act, 0.3)
+    assert (np.abs(y[0] - ref) <= 1e-6 * mag + 1e-7).all()
+    if act != "none":
+        assert not np.allclose(ref, reference_conv(bf16(x[0]), bf16(w), None, (1, 1), "SAME")[0])
 
 
 @pytest.mark.skipif(not AMX, reason="this CPU or OS does not run AMX-BF16")
@@ -74,13 +77,15 @@ def test_amx_and_portable_paths_agree():
     assert np.abs(a - p).max() <= 1e-5 * np.abs(p).max()
 
 
-def test_outputs_are_reproducible_and_buffers_reused():
+@pytest.mark.parametrize("target", TARGETS)
+def test_outputs_are_reproducible_and_buffers_reused(target):
     """Every conv of a thread shares one bf16 input buffer: a conv whose padding another conv's input has
     just overwritten (a bigger conv's, all ones) must still read zeros there."""
     rng = np.random.default_rng(5)
     w = rng.standard_normal((8, 3, 3, 4)).astype(np.float32)
-    conv = NativeConv2D(w, None, (9, 9), 4, (1, 1), "SAME")
-    big = NativeConv2D(rng.standard_normal((4, 1, 1, 6)), None, (40, 40), 6)
+    with force_target(target):
+        conv = NativeConv2D(w, None, (9, 9), 4, (1, 1), "SAME")
+        big = NativeConv2D(rng.standard_normal((4, 1, 1, 6)), None, (40, 40), 6)
     x1, x2 = (rng.standard_normal((9, 9, 4)).astype(np.float32) for _ in range(2))
     big.run(np.ones((40, 40, 6), np.float32))
     y1 = conv.run(x1).copy()
@@ -93,11 +98,13 @@ def test_outputs_are_reproducible_and_buffers_reused():
     assert np.array_equal(conv.run(x1), y1)
 
 
-def test_large_finite_values_saturate_instead_of_becoming_inf():
+@pytest.mark.parametrize("target", TARGETS)
+def test_large_finite_values_saturate_instead_of_becoming_inf(target):
     """bf16's largest finite value is 3.39e38: a larger fp32 input saturates there (the conv stays
     finite, as an fp32 conv would); a NaN input still gives NaN (which may also reach the next pixels'
     outputs through the zero-weight k padding: NaN * 0)."""
-    conv = NativeConv2D(np.full((1, 1, 1, 1), 0.5, np.float32), None, (1, 3), 1)
+    with force_target(target):
+        conv = NativeConv2D(np.full((1, 1, 1, 1), 0.5, np.float32), None, (1, 3), 1)
     y = conv.run(np.array([[[[3.4e38], [-3.4e38], [1.0]]]], np.float32))[0, 0, :, 0]
     assert np.isfinite(y).all() and y[0] == pytest.approx(0.5 * 3.3895314e38, rel=1e-6) and y[2] == 0.5
     assert np.isnan(conv.run(np.array([[[[1.0], [np.nan], [1.0]]]], np.float32))[0, 0, 1, 0])

@@ -1,12 +1,15 @@
 """edgehft's native CPU CONV_2D kernel (``edgehft/kernels/cpu/cpu_conv.cpp``) through ctypes: TFLite CONV_2D
 (NHWC, batch 1, dilation 1, SAME/VALID) with bfloat16 operands and fp32 sums, on AMX tiles where the CPU
-and the OS allow them (Intel Sapphire Rapids and later), else a portable loop with the same rounded operands.
+and the OS allow them (Intel Sapphire Rapids and later), else on Google Highway SIMD code (AVX-512, AVX2,
+NEON or scalar: the best this CPU runs, or the one forced with
+:func:`edgehft.kernels.cpu.build.force_target`) with the same rounded operands.
 
 Numerics: the input and the weights are rounded to bfloat16 (round to nearest even; 8 significant bits, a
 relative error of at most 2^-9 each), every product and sum is fp32, then the bias and the activation
 (none, relu, relu6, relu_n1_to_1, or a fused following LEAKY_RELU with its alpha) in fp32. Against a
 float64 conv of the unrounded operands the error is that of the rounding (tests bound it at 2^-8 of the
-sum of |products|); the AMX and portable paths differ only in summation order.
+sum of |products|). A product of two bf16 values is exact in fp32, so every SIMD target gives the same
+bits (the same order of sums); the AMX path differs from them only in summation order.
 
 Every kernel size, stride and SAME/VALID padding is taken (the input is copied into a zero-padded bf16
 buffer; tiles read it without an im2col copy, over all output pixels at once when they are evenly spaced
@@ -45,6 +48,8 @@ def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
     lib.edgehft_conv_isa.restype = i32
     lib.edgehft_conv_isa.argtypes = [vp]
     lib.edgehft_conv_amx.restype = i32
+    lib.edgehft_conv_slot.restype = i32
+    lib.edgehft_conv_slot.argtypes = [vp]
     lib.edgehft_conv_destroy.restype = None
     lib.edgehft_conv_destroy.argtypes = [vp]
     lib._edgehft_conv_typed = True
@@ -89,7 +94,8 @@ class NativeConv2D(NativeKernel):
         in_hw: input ``(H, W)``; ``channels`` must equal the filter's C.
         stride: ``(stride_h, stride_w)``; ``padding``: "SAME" or "VALID" (TFLite's rules).
         activation: one of :data:`ACTIVATIONS`; ``alpha`` is the LEAKY_RELU slope.
-        portable: run the portable loop even where AMX is available (tests of that path).
+        portable: never AMX, the SIMD path of the target in force (what a box without AMX runs; the same
+            bits on every SIMD target). :attr:`isa` names the target the conv runs (``amx``, ``avx3``, ...).
 
     :meth:`run` writes into :attr:`out` ``(1, Ho, Wo, Co)`` float32 and returns it. Raises
     :class:`~edgehft.errors.ShapeError` for a geometry :func:`supported` refuses or inputs of the wrong
@@ -124,7 +130,7 @@ class NativeConv2D(NativeKernel):
         if not h:
             raise MemoryError("edgehft_conv_create failed (out of memory)")
         self._h = ctypes.c_void_p(h)
-        self.isa = "amx-bf16" if lib.edgehft_conv_isa(self._h) else "portable"
+        self.isa = build.slot_name(lib.edgehft_conv_slot(self._h))
         self._outp = ctypes.c_void_p(self.out.ctypes.data)
         self._run = lib.edgehft_conv_run
 

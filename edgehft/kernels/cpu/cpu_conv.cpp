@@ -3,38 +3,55 @@
 //
 // Semantics: out[oy][ox][co] = act(bias[co] + sum_{i<kh, j<kw, c<C} x[oy*sh+i-ph][ox*sw+j-pw][c] * w[co][i][j][c])
 // with x read as 0 outside the input (TFLite SAME/VALID padding). x and w are rounded to bfloat16 (round to
-// nearest even) before the products; products and sums are fp32 (AMX TDPBF16PS, or the portable loop with
-// the same rounded operands; the summation order differs between the two, by a few fp32 ulps of the sum).
+// nearest even, saturating at the largest finite bf16) before the products; products and sums are fp32.
+// A product of two bf16 values is exact in fp32 (8 x 8 significant bits), so only the order of the sums
+// matters: the SIMD path sums, for each output, over kernel rows then over the kw*C run of each row, in
+// that order, on every Highway target (AVX3, AVX2, NEON, scalar give the same bits); AMX's TDPBF16PS sums
+// in its own order (a few fp32 ulps of the sum away).
 //
 // Layout: the input is copied, rounded to bf16, into a zero-padded buffer (ph rows above, pw columns left,
 // the rest of SAME's padding and slack after), so every conv is a VALID conv on that buffer, whose padded
 // width is Wp. Output pixel (oy, ox) reads, for kernel row i, one contiguous run of kw*C values at padded
-// pixel (oy*sh + i)*Wp + ox*sw. Pixels along an output row are evenly spaced (sw pixels apart), so 16 of
-// them are one AMX tile load at stride sw*C*2 bytes, with no im2col copy. When the whole output is evenly
-// spaced (Wo == 1, Ho == 1, or sh*Wp == Wo*sw: "flat", e.g. kx1 SAME convs or 1xk VALID convs that tile
-// the width) the tiles run over all Ho*Wo pixels at once; otherwise row by row (the last tile of a row
-// computes a few pixels that are thrown away). kw*C is padded to a multiple of 32 with zero weights (the
-// extra values read are the next pixel's, multiplied by 0; so a NaN input can also reach that pixel's
-// neighbours, where TFLite would confine it to the outputs whose window holds it).
+// pixel (oy*sh + i)*Wp + ox*sw. The SIMD path keeps the rounded values as fp32 (low 16 bits zero) and the
+// weights as fp32 [kh][kw*C][Cop] (Cop = Co rounded up to 16, zero columns after Co); the AMX path keeps
+// both as bf16.
 //
-// Schedule (AMX): output pixels in blocks of 32 (two A tiles), output channels in pairs of 16-column tiles,
-// four fp32 accumulator tiles over (kernel row, 32-deep k block); each block's tiles go to a small
-// scratch that stays in L1, then the epilogue adds the bias, applies the activation and writes fp32 NHWC.
-// The bf16 input buffer is one per thread, shared by all convs (see scratch()); no allocation in
+// Schedule (SIMD, Highway, the target chosen at create: cpu_dispatch.h): output channels in blocks of up
+// to 4 vectors, output pixels in blocks of kPix (AVX3 6, AVX2 3), kPix x 4 accumulators in registers over
+// the whole (kernel row, kw*C) loop: each weight vector load serves kPix pixels, each broadcast input value
+// 4 vectors; then bias, activation and the NHWC fp32 store (masked past Co).
+//
+// Schedule (AMX, Intel Sapphire Rapids and later, when CPUID and Linux's arch_prctl allow tiles): 16
+// pixels along an output row are evenly spaced (sw pixels apart), so they are one tile load at stride
+// sw*C*2 bytes, with no im2col copy. When the whole output is evenly spaced (Wo == 1, Ho == 1, or
+// sh*Wp == Wo*sw: "flat", e.g. kx1 SAME convs or 1xk VALID convs that tile the width) the tiles run over all
+// Ho*Wo pixels at once; otherwise row by row (the last tile of a row computes a few pixels that are thrown
+// away). kw*C is padded to a multiple of 32 with zero weights (the extra values read are the next
+// pixel's, multiplied by 0; so a NaN input can also reach that pixel's neighbours, where TFLite would
+// confine it to the outputs whose window holds it). Output pixels in blocks of 32 (two A tiles), output
+// channels in pairs of 16-column tiles, four fp32 accumulator tiles over (kernel row, 32-deep k block);
+// each block's tiles go to a small scratch that stays in L1, then the AVX3 epilogue. The AMX code is our
+// own (per-function target attributes), compiled into every x86-64 build and run only where usable.
+//
+// The input buffer is one per thread, shared by all convs (see scratch()); no allocation in
 // edgehft_conv_run except the first run on a thread other than the creating one, which sizes its buffer.
+#include "cpu_dispatch.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu_conv.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "cpu_simd-inl.h"
+
+#ifndef EDGEHFT_CPU_CONV_ONCE_
+#define EDGEHFT_CPU_CONV_ONCE_
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#define EDGEHFT_AMX 1
-#endif
 
-namespace {
+namespace edgehft {
+namespace conv {
 
 enum Act { kNone = 0, kRelu = 1, kRelu6 = 2, kReluN1To1 = 3, kLeaky = 4 };
 
@@ -43,16 +60,199 @@ struct Conv {
     int act;
     float alpha;
     int M, NB, KB;           // pixels, 16-col blocks, 32-deep k blocks per kernel row
-    int flat, s;             // flat: one strip of M pixels, s padded pixels apart
+    int flat, s;             // flat: one strip of M pixels, s padded pixels apart (AMX)
     int Hp;                  // padded rows the outputs read
-    size_t xrows;            // bf16 buffer: elements
-    uint16_t* x;             // during a run: the thread's scratch (see scratch()), laid out as the header says
+    size_t xrows;            // input buffer: elements
+    void* x;                 // during a run: the thread's scratch (see scratch()): fp32 (SIMD) or bf16 (AMX)
     uint16_t* wt;            // AMX B tiles [kh][KB][NB][16 pairs][16 cols][2]
-    float* wf;               // portable: bf16-rounded weights as float [kh][kw*C][Cop]
-    float* bias;             // [Co]
-    float* acc;              // block scratch [32][NB*16]
+    float* wf;               // SIMD: bf16-rounded weights as float [kh][kw*C][Cop]
+    float* bias;             // [Cop], zeros after Co
+    float* acc;              // AMX block scratch [32][NB*16]
     bool amx;
+    int slot;                // the Highway target slot (cpu_dispatch.h) of the SIMD code and epilogue
 };
+
+// The largest finite bfloat16 (0x7F7F). Inputs beyond it saturate there instead of rounding to inf (an
+// fp32 conv of a large but finite value stays finite; a NaN stays NaN).
+constexpr float kBf16Max = 3.38953139e38f;
+
+struct Fns {
+    void (*round_f32)(const float* x, float* y, size_t n);        // y = bf16(x) as fp32
+    void (*round_bf16)(const float* x, uint16_t* y, size_t n);    // y = bf16(x)
+    void (*run)(const Conv& k, float* out);                      // the SIMD conv on the fp32 buffer k.x
+    void (*epilogue)(const Conv& k, const float* acc, int ld, float* out, int p0, int p1);
+};
+
+}  // namespace conv
+}  // namespace edgehft
+#endif  // EDGEHFT_CPU_CONV_ONCE_
+
+HWY_BEFORE_NAMESPACE();
+namespace edgehft {
+namespace HWY_NAMESPACE {
+namespace {
+namespace hn = hwy::HWY_NAMESPACE;
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+using conv::Conv;
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_NEON
+constexpr int kPix = 6;          // 6 x 4 accumulators of 32 vector registers
+#elif HWY_TARGET == HWY_AVX2
+constexpr int kPix = 3;          // 3 x 4 of 16
+#else
+constexpr int kPix = 4;
+#endif
+constexpr int kVecs = 4;
+
+// fp32 -> the bf16 bit pattern (round to nearest even, saturating at +-kBf16Max, NaN kept) in 32 bits.
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<D>> Bf16Bits(D d, V v) {
+    const hn::RebindToUnsigned<D> du;
+    v = ClampKeepNaN(v, hn::Set(d, -conv::kBf16Max), hn::Set(d, conv::kBf16Max));
+    const auto u = hn::BitCast(du, v);
+    return hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u))));
+}
+
+void RoundF32(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n) {
+    const D d;
+    const hn::RebindToUnsigned<D> du;
+    const size_t L = hn::Lanes(d);
+    for (size_t i = 0; i < n; i += L) {
+        const auto m = hn::FirstN(d, n - i);
+        const auto b = hn::And(Bf16Bits(d, hn::MaskedLoad(m, d, x + i)), hn::Set(du, 0xffff0000u));
+        hn::BlendedStore(hn::BitCast(d, b), m, d, y + i);
+    }
+}
+
+void RoundBf16(const float* HWY_RESTRICT x, uint16_t* HWY_RESTRICT y, size_t n) {
+    const D d;
+    const hn::RebindToSigned<D> di;
+    const hn::Rebind<uint16_t, D> d16;
+    const size_t L = hn::Lanes(d);
+    size_t i = 0;
+    for (; i + L <= n; i += L) {
+        const auto hi = hn::BitCast(di, hn::ShiftRight<16>(Bf16Bits(d, hn::LoadU(d, x + i))));
+        hn::StoreU(hn::DemoteTo(d16, hi), d16, y + i);             // values < 2^16: no saturation
+    }
+    for (; i < n; ++i) {
+        const auto hi = hn::BitCast(di, hn::ShiftRight<16>(Bf16Bits(d, hn::Set(d, x[i]))));
+        y[i] = static_cast<uint16_t>(hn::GetLane(hi));
+    }
+}
+
+// act(v) as TFLite's reference kernels: std::max / std::min comparisons, LEAKY_RELU v > 0 ? v : alpha*v.
+HWY_INLINE V Activate(D d, V v, int act, float alpha) {
+    const V zero = hn::Zero(d);
+    switch (act) {
+        case conv::kRelu: return hn::IfThenElse(hn::Lt(v, zero), zero, v);
+        case conv::kRelu6: {
+            v = hn::IfThenElse(hn::Lt(v, zero), zero, v);
+            return hn::IfThenElse(hn::Lt(hn::Set(d, 6.0f), v), hn::Set(d, 6.0f), v);
+        }
+        case conv::kReluN1To1: {
+            v = hn::IfThenElse(hn::Lt(v, hn::Set(d, -1.0f)), hn::Set(d, -1.0f), v);
+            return hn::IfThenElse(hn::Lt(hn::Set(d, 1.0f), v), hn::Set(d, 1.0f), v);
+        }
+        case conv::kLeaky: return hn::IfThenElse(hn::Gt(v, zero), v, hn::Mul(v, hn::Set(d, alpha)));
+        default: return v;
+    }
+}
+
+// out[p][c .. c + L) = act(a + bias[c ..]) for one vector of one pixel, masked past Co.
+HWY_INLINE void StoreOut(const Conv& k, D d, V a, int c, float* HWY_RESTRICT o) {
+    const int L = static_cast<int>(hn::Lanes(d));
+    const V v = Activate(d, hn::Add(a, hn::Load(d, k.bias + c)), k.act, k.alpha);
+    if (k.Co - c >= L) hn::StoreU(v, d, o + c);
+    else hn::BlendedStore(v, hn::FirstN(d, static_cast<size_t>(k.Co - c)), d, o + c);
+}
+
+// Rows [p0, p1) of the output from a block scratch (row p at acc + (p - p0) * ld), all Co channels.
+void Epilogue(const Conv& k, const float* HWY_RESTRICT acc, int ld, float* HWY_RESTRICT out, int p0, int p1) {
+    const D d;
+    const int L = static_cast<int>(hn::Lanes(d));
+    for (int p = p0; p < p1; ++p)
+        for (int c = 0; c < k.Co; c += L)
+            StoreOut(k, d, hn::LoadU(d, acc + static_cast<size_t>(p - p0) * ld + c), c, out + static_cast<size_t>(p) * k.Co);
+}
+
+// P pixels (from m0) x NV vectors of output channels (from c0): sums over every kernel row and its kw*C
+// run, in that order, then the epilogue.
+template <int P, int NV>
+HWY_INLINE void Block(const Conv& k, int m0, int c0, float* HWY_RESTRICT out) {
+    const D d;
+    const int L = static_cast<int>(hn::Lanes(d));
+    const int kwc = k.kw * k.C, Cop = k.NB * 16;
+    const size_t C = k.C, row = static_cast<size_t>(k.Wp) * C;
+    const float* px[P];
+    for (int p = 0; p < P; ++p) {
+        const int oy = (m0 + p) / k.Wo, ox = (m0 + p) % k.Wo;
+        px[p] = static_cast<const float*>(k.x) + (static_cast<size_t>(oy) * k.sh * k.Wp + static_cast<size_t>(ox) * k.sw) * C;
+    }
+    V acc[P][NV];
+    for (int p = 0; p < P; ++p)
+        for (int v = 0; v < NV; ++v) acc[p][v] = hn::Zero(d);
+    for (int i = 0; i < k.kh; ++i) {
+        const float* HWY_RESTRICT w = k.wf + static_cast<size_t>(i) * kwc * Cop + c0;
+        const size_t xo = i * row;
+        for (int q = 0; q < kwc; ++q) {
+            V wv[NV];
+            for (int v = 0; v < NV; ++v) wv[v] = hn::Load(d, w + static_cast<size_t>(q) * Cop + v * L);
+            for (int p = 0; p < P; ++p) {
+                const V xv = hn::Set(d, px[p][xo + q]);
+                for (int v = 0; v < NV; ++v) acc[p][v] = hn::MulAdd(xv, wv[v], acc[p][v]);   // exact products
+            }
+        }
+    }
+    for (int p = 0; p < P; ++p)
+        for (int v = 0; v < NV && c0 + v * L < k.Co; ++v)
+            StoreOut(k, d, acc[p][v], c0 + v * L, out + static_cast<size_t>(m0 + p) * k.Co);
+}
+
+template <int P, int NV>
+HWY_INLINE void BlockP(int np, const Conv& k, int m0, int c0, float* out) {
+    if (np == P) Block<P, NV>(k, m0, c0, out);
+    if constexpr (P > 1) {
+        if (np < P) BlockP<P - 1, NV>(np, k, m0, c0, out);
+    }
+}
+
+// Every pixel block for the channel block at c0 of NV vectors.
+template <int NV>
+HWY_INLINE void Pixels(int nv, const Conv& k, int c0, float* out) {
+    if (nv == NV) {
+        for (int m0 = 0; m0 < k.M; m0 += kPix) BlockP<kPix, NV>(std::min(kPix, k.M - m0), k, m0, c0, out);
+    }
+    if constexpr (NV > 1) {
+        if (nv < NV) Pixels<NV - 1>(nv, k, c0, out);
+    }
+}
+
+void Run(const Conv& k, float* HWY_RESTRICT out) {
+    const int L = static_cast<int>(hn::Lanes(D()));
+    const int nvt = k.NB * 16 / L;
+    for (int v0 = 0; v0 < nvt; v0 += kVecs) Pixels<kVecs>(std::min(kVecs, nvt - v0), k, v0 * L, out);
+}
+
+}  // namespace
+
+extern const conv::Fns kConvFns;
+const conv::Fns kConvFns = {&RoundF32, &RoundBf16, &Run, &Epilogue};
+
+}  // namespace HWY_NAMESPACE
+}  // namespace edgehft
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define EDGEHFT_AMX 1
+#endif
+
+namespace edgehft {
+namespace {
+using conv::Conv;
+
+const conv::Fns* const kTable[kSlots] = EDGEHFT_SLOT_TABLE(kConvFns);
 
 void* aalloc(size_t bytes) {
     void* p = nullptr;
@@ -63,12 +263,8 @@ void* aalloc(size_t bytes) {
     return p;
 }
 
-// The largest finite bfloat16 (0x7F7F). Inputs beyond it saturate there instead of rounding to inf (an
-// fp32 conv of a large but finite value stays finite; a NaN stays NaN).
-constexpr float kBf16Max = 3.38953139e38f;
-
 inline uint16_t to_bf16(float f) {
-    f = std::max(std::min(f, kBf16Max), -kBf16Max);
+    f = f > conv::kBf16Max ? conv::kBf16Max : f < -conv::kBf16Max ? -conv::kBf16Max : f;
     uint32_t u;
     memcpy(&u, &f, 4);
     u += 0x7fffu + ((u >> 16) & 1u);
@@ -81,107 +277,50 @@ inline float from_bf16(uint16_t h) {
     return f;
 }
 
-// fp32 -> bf16, round to nearest even, saturating at +-kBf16Max.
-void to_bf16_n(const float* __restrict x, uint16_t* __restrict y, size_t n) {
-    size_t i = 0;
-#if defined(__AVX512F__)
-    const __m512 hi = _mm512_set1_ps(kBf16Max), lo = _mm512_set1_ps(-kBf16Max);
-    auto clamp = [&](__m512 v) { return _mm512_max_ps(lo, _mm512_min_ps(hi, v)); };   // NaN passes through
-#endif
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-    for (; i + 32 <= n; i += 32) {
-        __m512bh v = _mm512_cvtne2ps_pbh(clamp(_mm512_loadu_ps(x + i + 16)), clamp(_mm512_loadu_ps(x + i)));
-        _mm512_storeu_si512(y + i, (__m512i)v);
-    }
-#elif defined(__AVX512F__)
-    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-    for (; i + 16 <= n; i += 16) {
-        __m512i u = _mm512_castps_si512(clamp(_mm512_loadu_ps(x + i)));
-        u = _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
-    }
-#endif
-    for (; i < n; ++i) y[i] = to_bf16(x[i]);
-}
-
-// Rows [p0, p1) of the output from the block scratch (row p at acc + (p - p0) * NB * 16).
-template <int ACT>
-void epilogue_t(const Conv* k, const float* __restrict acc, float* __restrict out, int p0, int p1) {
-    const int Co = k->Co, ld = k->NB * 16;
-    const float alpha = k->alpha;
-    const float* __restrict bias = k->bias;
-    for (int p = p0; p < p1; ++p) {
-        const float* __restrict a = acc + static_cast<size_t>(p - p0) * ld;
-        float* __restrict o = out + static_cast<size_t>(p) * Co;
-#ifdef __AVX512F__
-        for (int c = 0; c < Co; c += 16) {
-            const __mmask16 m = Co - c >= 16 ? 0xffff : static_cast<__mmask16>((1u << (Co - c)) - 1);
-            __m512 v = _mm512_add_ps(_mm512_load_ps(a + c), _mm512_maskz_loadu_ps(m, bias + c));
-            if (ACT == kRelu) v = _mm512_max_ps(v, _mm512_setzero_ps());
-            if (ACT == kRelu6) v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(6.0f));
-            if (ACT == kReluN1To1) v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-1.0f)), _mm512_set1_ps(1.0f));
-            if (ACT == kLeaky) {
-                const __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LE_OQ);
-                v = _mm512_mask_mul_ps(v, neg, v, _mm512_set1_ps(alpha));
-            }
-            _mm512_mask_storeu_ps(o + c, m, v);
-        }
-#else
-        for (int c = 0; c < Co; ++c) {
-            float v = a[c] + bias[c];
-            if (ACT == kRelu) v = std::max(v, 0.0f);
-            if (ACT == kRelu6) v = std::min(std::max(v, 0.0f), 6.0f);
-            if (ACT == kReluN1To1) v = std::min(std::max(v, -1.0f), 1.0f);
-            if (ACT == kLeaky) v = v > 0.0f ? v : v * alpha;
-            o[c] = v;
-        }
-#endif
-    }
-}
-
-void epilogue(const Conv* k, const float* acc, float* out, int p0, int p1) {
-    switch (k->act) {
-        case kRelu: epilogue_t<kRelu>(k, acc, out, p0, p1); break;
-        case kRelu6: epilogue_t<kRelu6>(k, acc, out, p0, p1); break;
-        case kReluN1To1: epilogue_t<kReluN1To1>(k, acc, out, p0, p1); break;
-        case kLeaky: epilogue_t<kLeaky>(k, acc, out, p0, p1); break;
-        default: epilogue_t<kNone>(k, acc, out, p0, p1);
-    }
-}
-
-// One bf16 input buffer per thread, shared by every conv the thread runs (so a chain of convs keeps one
-// such buffer in cache, not one per conv); grown, zero-filled, when a conv needs more. A run re-zeroes its
-// own padding and the slack after it (another conv, or an earlier call, may have written there).
+// One input buffer per thread, shared by every conv the thread runs (so a chain of convs keeps one such
+// buffer in cache, not one per conv); grown, zero-filled, when a conv needs more. A run re-zeroes its own
+// padding and the slack after it (another conv, or an earlier call, may have written there).
 struct Scratch {
-    uint16_t* p = nullptr;
+    void* p = nullptr;
     size_t n = 0;
     ~Scratch() { free(p); }
 };
 thread_local Scratch tls_scratch;
 
-uint16_t* scratch(size_t n) {
+void* scratch(size_t bytes) {
     Scratch& s = tls_scratch;
-    if (s.n < n) {
-        void* q = aalloc(n * 2);
+    if (s.n < bytes) {
+        void* q = aalloc(bytes);
         if (!q) return nullptr;
         free(s.p);
-        s.p = static_cast<uint16_t*>(q);
-        s.n = n;
+        s.p = q;
+        s.n = bytes;
     }
     return s.p;
 }
 
-#ifdef EDGEHFT_AMX
-bool amx_usable() {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    bool tile = d & (1u << 24), bf16 = d & (1u << 22);
-    if (!tile || !bf16) return false;
-    // Linux: a process must ask for the AMX tile data state before its first tile instruction.
-    const long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+// The padded input buffer (elements of type T) from x: zeros around, rounded values inside.
+template <typename T>
+void fill(const Conv* k, const float* x, T* base, void (*round)(const float*, T*, size_t)) {
+    const size_t C = k->C, row = static_cast<size_t>(k->W) * C, prow = static_cast<size_t>(k->Wp) * C;
+    memset(base, 0, k->ph * prow * sizeof(T));                                   // rows above
+    T* dst = base + k->ph * prow + k->pw * C;
+    if (k->Wp == k->W) round(x, dst, k->H * row);
+    else
+        for (int r = 0; r < k->H; ++r) {
+            T* d = dst + r * prow;
+            memset(d - k->pw * C, 0, k->pw * C * sizeof(T));                      // columns left
+            round(x + r * row, d, row);
+            memset(d + row, 0, (prow - row - k->pw * C) * sizeof(T));             // columns right
+        }
+    memset(base + (k->ph + k->H) * prow, 0, (k->Hp - k->ph - k->H) * prow * sizeof(T));  // rows below
+    // and everything after them that tails and k-block padding read (times zero weights, or into outputs
+    // that are thrown away): zeros, so no value from another conv or an earlier call can reach an output
+    // (0 * inf would).
+    memset(base + k->Hp * prow, 0, (k->xrows - k->Hp * prow) * sizeof(T));
 }
 
+#ifdef EDGEHFT_AMX
 struct TileConfig {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -225,10 +364,11 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_block(Conv* k, const uint1
             _tile_stored(3, o + 16 * NB * 16 + 16, ldc);
         }
     }
-    epilogue(k, k->acc, out, p0, p0 + rows);
+    kTable[kAvx3]->epilogue(*k, k->acc, NB * 16, out, p0, p0 + rows);
 }
 
 __attribute__((target("amx-tile,amx-bf16"))) void run_amx(Conv* k, float* out) {
+    const uint16_t* xb = static_cast<const uint16_t*>(k->x);
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -240,57 +380,28 @@ __attribute__((target("amx-tile,amx-bf16"))) void run_amx(Conv* k, float* out) {
     const size_t C = k->C;
     if (k->flat) {
         for (int m0 = 0; m0 < k->M; m0 += 32)
-            amx_block(k, k->x + static_cast<size_t>(m0) * k->s * C, k->s, m0, std::min(32, k->M - m0), out);
+            amx_block(k, xb + static_cast<size_t>(m0) * k->s * C, k->s, m0, std::min(32, k->M - m0), out);
     } else {
         for (int oy = 0; oy < k->Ho; ++oy)
             for (int ox = 0; ox < k->Wo; ox += 32)
-                amx_block(k, k->x + (static_cast<size_t>(oy) * k->sh * k->Wp + static_cast<size_t>(ox) * k->sw) * C,
+                amx_block(k, xb + (static_cast<size_t>(oy) * k->sh * k->Wp + static_cast<size_t>(ox) * k->sw) * C,
                           k->sw, oy * k->Wo + ox, std::min(32, k->Wo - ox), out);
     }
     _tile_release();
 }
 #endif
 
-void run_portable(Conv* k, float* out) {
-    const int C = k->C, Cop = k->NB * 16, kwc = k->kw * C;
-    for (int m0 = 0; m0 < k->M; m0 += 32) {
-        const int m1 = std::min(m0 + 32, k->M);
-        for (int p = m0; p < m1; ++p) {
-            const int oy = p / k->Wo, ox = p % k->Wo;
-            float* o = k->acc + static_cast<size_t>(p - m0) * Cop;
-            for (int co = 0; co < Cop; ++co) o[co] = 0.0f;
-            for (int i = 0; i < k->kh; ++i) {
-                const uint16_t* a = k->x + ((static_cast<size_t>(oy) * k->sh + i) * k->Wp +
-                                            static_cast<size_t>(ox) * k->sw) * C;
-                const float* w = k->wf + static_cast<size_t>(i) * kwc * Cop;
-                for (int q = 0; q < kwc; ++q) {
-                    const float v = from_bf16(a[q]);
-                    const float* wr = w + static_cast<size_t>(q) * Cop;
-                    for (int co = 0; co < Cop; ++co) o[co] += v * wr[co];
-                }
-            }
-        }
-        epilogue(k, k->acc, out, m0, m1);
-    }
-}
-
 }  // namespace
 
 extern "C" {
 
 // 1 when this process can run AMX-BF16 tiles (CPU flags and the kernel's permission), else 0.
-int edgehft_conv_amx() {
-#ifdef EDGEHFT_AMX
-    static int ok = amx_usable() ? 1 : 0;
-    return ok;
-#else
-    return 0;
-#endif
-}
+int edgehft_conv_amx() { return slot_supported(kAmx) ? 1 : 0; }
 
 // Create a conv. dims = {H, W, C, Co, kh, kw, sh, sw, ph, pw, Ho, Wo} (ph, pw: the leading SAME padding;
 // VALID: 0); weights OHWI (Co, kh, kw, C) float32; bias (Co,) float32 or null; act: 0 none, 1 relu,
-// 2 relu6, 3 relu_n1_to_1, 4 leaky (alpha). portable: 1 forces the portable loop. Returns null on an
+// 2 relu6, 3 relu_n1_to_1, 4 leaky (alpha). portable: 1 never uses AMX (the SIMD path of the target in
+// force). The target in force at create (cpu_dispatch.h) is the one the conv runs. Returns null on an
 // inconsistent geometry or no memory.
 void* edgehft_conv_create(const int* dims, const float* weights, const float* bias, int act, float alpha,
                           int portable) {
@@ -321,9 +432,9 @@ void* edgehft_conv_create(const int* dims, const float* weights, const float* bi
     k->x = nullptr;
     k->wt = static_cast<uint16_t*>(aalloc(static_cast<size_t>(k->kh) * k->KB * Cop * 32 * 2));
     k->wf = static_cast<float*>(aalloc(static_cast<size_t>(k->kh) * kwc * Cop * 4));
-    k->bias = static_cast<float*>(aalloc(static_cast<size_t>(k->Co) * 4));
+    k->bias = static_cast<float*>(aalloc(static_cast<size_t>(Cop) * 4));
     k->acc = static_cast<float*>(aalloc(static_cast<size_t>(32) * Cop * 4));
-    if (!scratch(k->xrows) || !k->wt || !k->wf || !k->bias || !k->acc) {
+    if (!scratch(k->xrows * sizeof(float)) || !k->wt || !k->wf || !k->bias || !k->acc) {
         free(k->wt); free(k->wf); free(k->bias); free(k->acc); free(k);
         return nullptr;
     }
@@ -337,7 +448,9 @@ void* edgehft_conv_create(const int* dims, const float* weights, const float* bi
                 k->wt[((((static_cast<size_t>(i) * k->KB + kb) * k->NB + nb) * 16 + kp) * 16 + n) * 2 + e] = b;
             }
     }
-    k->amx = !portable && edgehft_conv_amx();
+    const int slot = current_slot();
+    k->amx = !portable && slot == kAmx;
+    k->slot = simd_slot(slot);
     return k;
 }
 
@@ -345,35 +458,28 @@ void* edgehft_conv_create(const int* dims, const float* weights, const float* bi
 // this thread's scratch could not grow (out of memory).
 int edgehft_conv_run(void* h, const float* x, float* out) {
     Conv* k = static_cast<Conv*>(h);
-    k->x = scratch(k->xrows);
+    k->x = scratch(k->xrows * sizeof(float));
     if (!k->x) return -1;
-    const size_t C = k->C, row = static_cast<size_t>(k->W) * C, prow = static_cast<size_t>(k->Wp) * C;
-    uint16_t* base = k->x;
-    memset(base, 0, k->ph * prow * 2);                                        // rows above
-    uint16_t* dst = base + k->ph * prow + k->pw * C;
-    if (k->Wp == k->W) to_bf16_n(x, dst, k->H * row);
-    else
-        for (int r = 0; r < k->H; ++r) {
-            uint16_t* d = dst + r * prow;
-            memset(d - k->pw * C, 0, k->pw * C * 2);                           // columns left
-            to_bf16_n(x + r * row, d, row);
-            memset(d + row, 0, (prow - row - k->pw * C) * 2);                  // columns right
-        }
-    memset(base + (k->ph + k->H) * prow, 0, (k->Hp - k->ph - k->H) * prow * 2);  // rows below
-    // and everything after them that tails and k-block padding read (times zero weights, or into outputs
-    // that are thrown away): zeros, so no value from another conv or an earlier call can reach an output
-    // (0 * inf would).
-    memset(base + k->Hp * prow, 0, (k->xrows - k->Hp * prow) * 2);
+    const conv::Fns* fn = kTable[k->slot];
 #ifdef EDGEHFT_AMX
-    if (k->amx) run_amx(k, out);
-    else run_portable(k, out);
-#else
-    run_portable(k, out);
+    if (k->amx) {
+        fill<uint16_t>(k, x, static_cast<uint16_t*>(k->x), fn->round_bf16);
+        run_amx(k, out);
+        return 0;
+    }
 #endif
+    fill<float>(k, x, static_cast<float*>(k->x), fn->round_f32);
+    fn->run(*k, out);
     return 0;
 }
 
-// 1 when this conv runs on AMX tiles, 0 on the portable loop.
+// The target slot this conv runs (cpu_dispatch.h: 0 amx, 1 avx3, 2 avx2, 3 neon, 4 the fallback).
+int edgehft_conv_slot(void* h) {
+    const Conv* k = static_cast<Conv*>(h);
+    return k->amx ? kAmx : k->slot;
+}
+
+// 1 when this conv runs on AMX tiles, 0 on the SIMD path.
 int edgehft_conv_isa(void* h) { return static_cast<Conv*>(h)->amx ? 1 : 0; }
 
 void edgehft_conv_destroy(void* h) {
@@ -383,3 +489,5 @@ void edgehft_conv_destroy(void* h) {
 }
 
 }  // extern "C"
+}  // namespace edgehft
+#endif  // HWY_ONCE
