@@ -1,5 +1,5 @@
 // C testbench of dense_int8_top for Vitis HLS csim (hls_kernel.tcl adds it with add_files -tb) and
-// for g++ (tests/test_kernel_csim.py builds and runs it, with -fsanitize=undefined).
+// for g++ (tests/emulated/test_kernel_csim.py builds and runs it, with -fsanitize=undefined).
 //
 //   tb_dense_int8 [VECTORS]      (default: tb_dense_int8.dat in the working directory)
 //

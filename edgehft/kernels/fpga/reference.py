@@ -5,7 +5,7 @@ int32 results wrap like the C++ kernels, int16 fixed-point arithmetic wraps or s
 gemmlowp does. No float is used in the datapath, except in the two FULLY_CONNECTED modes that emulate
 interpreter paths which themselves requantize in floating point (``"float64"``, ``"fp32"``).
 
-**Rounding mode** (measured in tests/test_kernel_reference.py, LiteRT 2.3.0 wheel, x86-64):
+**Rounding mode** (measured in tests/compile/test_kernel_reference.py, LiteRT 2.3.0 wheel, x86-64):
 
 - ``MultiplyByQuantizedMultiplier`` (``internal/common.cc``) is **gemmlowp double rounding**: the wheel
   is built without ``TFLITE_SINGLE_ROUNDING``. ``RoundingDivideByPOT(SaturatingRoundingDoublingHighMul(
