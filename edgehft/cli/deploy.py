@@ -191,7 +191,7 @@ def _print_plan(s: dict) -> None:
               + (f"; the bundle carries {', '.join(p['plans'])}" if len(p.get("plans", [])) > 1 else ""),
               highlight=False)
     if p.get("measured"):
-        out.print(plan_choice_table(p, "  plans measured on the box"))
+        out.print(plan_choice_table(p, "plans measured on the box"))
 
 
 @main.command("status")

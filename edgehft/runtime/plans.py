@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+import stat
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -213,12 +214,21 @@ def read_record(install_dir: str | Path, vid: str, manifest_sha256: str, plans: 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
-        raise BundleError(f"the box's plan record {path} cannot be read ({exc.strerror or exc})", hint=hint) from None
-    with os.fdopen(fd, "rb") as fh:
-        import stat
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+        raise BundleError(f"the box's plan record {path} cannot be read ({exc.strerror or exc}; a symlink is "
+                          "refused)", hint=hint) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise BundleError(f"the box's plan record {path} is not a regular file", hint=hint)
-        data = fh.read(MAX_RECORD_BYTES + 1)
+        data = b""
+        while len(data) <= MAX_RECORD_BYTES:
+            chunk = os.read(fd, MAX_RECORD_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        raise BundleError(f"the box's plan record {path} cannot be read ({exc.strerror or exc})", hint=hint) from None
+    finally:
+        os.close(fd)
     try:
         rec = json.loads(data.decode("utf-8")) if len(data) <= MAX_RECORD_BYTES else None
         problems = check_record(rec, vid, manifest_sha256, plans) if rec is not None else ["it is over 1 MiB"]
