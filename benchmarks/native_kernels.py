@@ -7,7 +7,7 @@ MAX_POOL_2D (3x1 SAME over 100x1x32) and FULLY_CONNECTED (64 -> 3), its LSTM(64)
 STAC-ML LSTM_A's two LSTM(100) over 50 steps x 100. Seeded random weights and inputs. One pinned core, one
 thread, batch 1, every variant of a shape timed interleaved (benchmarks/cpu_peers.py's round robin); prints
 p50 / p99 µs, each p50 against the best target's, and whether the outputs are bit-identical to the best
-target's (max |Δ| otherwise).
+Highway SIMD target's (max |Δ| otherwise; the conv's avx3_bf16 and amx levels sum in other orders).
 
     python benchmarks/native_kernels.py [--samples 2000] [--cpu N] [--baseline REV] [--no-litert]
 
@@ -174,13 +174,15 @@ def report(name: str, variants: dict, xs: list, args) -> None:
         r = fn(xs[0])
         outs[v] = np.array(out if out is not None else r, np.float32).ravel()
     lat = time_interleaved({v: (fn, xs) for v, (fn, _) in variants.items()}, 200, args.samples, args.budget)
+    from edgehft.kernels.cpu.build import CONV_ONLY
     best = next(iter(variants))
+    simd = next(v for v in variants if v not in CONV_ONLY)        # bits compared with the best Highway target's
     b50 = np.percentile(lat[best], 50)
-    print(f"\n== {name}")
+    print(f"\n== {name}  (time vs {best}, outputs vs {simd})")
     for v in variants:
         p50, p99 = (np.percentile(lat[v], q) / 1e3 for q in (50, 99))
-        d = np.abs(outs[v] - outs[best]).max() if outs[v].shape == outs[best].shape else float("nan")
-        same = "bit-identical" if np.array_equal(outs[v], outs[best]) else f"max|Δ| {d:.2g}"
+        d = np.abs(outs[v] - outs[simd]).max() if outs[v].shape == outs[simd].shape else float("nan")
+        same = "bit-identical" if np.array_equal(outs[v], outs[simd]) else f"max|Δ| {d:.2g}"
         print(f"   {v:20s} p50 {p50:9.1f} µs  p99 {p99:9.1f} µs  {p50 * 1e3 / b50:6.2f}x  {same}")
 
 

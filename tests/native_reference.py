@@ -52,6 +52,13 @@ def cpu_targets() -> list[str]:
         return ["best"]
 
 
+def simd_target(target: str) -> str:
+    """What a kernel other than the conv runs when ``target`` is in force: the conv-only levels (amx,
+    avx3_bf16) give the best Highway SIMD target."""
+    from edgehft.kernels.cpu.build import CONV_ONLY, targets
+    return target if target not in CONV_ONLY else [t for t in targets() if t not in CONV_ONLY][0]
+
+
 BOUND = 2e-6
 # The saturating case drives c to ~15 and back to ~0: fp32 rounding of c (ulp(15) = 9.5e-7) accumulates
 # over 30 steps and survives the cancellation, so it gets its own bound (measured ~7e-6).

@@ -24,10 +24,10 @@ from edgehft.kernels.cpu.build import dispatch_target, force_target, set_target,
 from edgehft.kernels.cpu.conv import NativeConv2D
 from edgehft.kernels.cpu.lstm import NativeLSTM
 from edgehft.kernels.cpu.ops import NativeDense, NativeMaxPool2D
-from native_reference import BOUND, bf16, cpu_targets, reference_conv, reference_lstm
+from native_reference import BOUND, bf16, cpu_targets, reference_conv, reference_lstm, simd_target
 
 pytestmark = pytest.mark.needs("g++")
-SIMD = [t for t in cpu_targets() if t != "amx"]      # AMX sums in another order: not bit-identical
+SIMD = [t for t in cpu_targets() if t not in build.CONV_ONLY]   # the conv's AMX / VDPBF16PS sum in other orders
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -43,14 +43,16 @@ def _cpu_flags() -> set[str]:
 
 def test_targets_follow_this_cpu_best_first():
     """The scalar fallback always, AVX2 where the CPU has AVX2 + FMA, AVX3 where it has AVX-512
-    F/VL/DQ/BW (x86-64); NEON on aarch64; the best is what kernels get unless forced."""
+    F/VL/DQ/BW, AVX3_BF16 where it also has AVX512_BF16 (x86-64); NEON on aarch64; the best is what kernels
+    get unless forced."""
     ts, flags = targets(), _cpu_flags()
     assert ts[-1] == "scalar" and len(set(ts)) == len(ts)
-    order = ["amx", "avx3", "avx2", "neon", "scalar"]
+    order = ["amx", "avx3_bf16", "avx3", "avx2", "neon", "scalar"]
     assert ts == sorted(ts, key=order.index)
     if platform.machine() == "x86_64":
         assert ("avx2" in ts) == ({"avx2", "fma", "bmi2", "f16c"} <= flags)
         assert ("avx3" in ts) == ({"avx2", "fma", "avx512f", "avx512vl", "avx512dq", "avx512bw"} <= flags)
+        assert ("avx3_bf16" in ts) == ("avx3" in ts and "avx512_bf16" in flags)
         assert ("amx" in ts) <= ("amx_tile" in flags)
         assert "neon" not in ts
     elif platform.machine() == "aarch64":
@@ -68,7 +70,7 @@ def test_forced_target_applies_to_kernels_created_under_it():
         with force_target(t) as got:
             assert got == t == dispatch_target()
             inside = NativeLSTM(layers, 2)
-        assert inside.isa == t and before.isa == targets()[0] and dispatch_target() == targets()[0]
+        assert inside.isa == t and before.isa == simd_target(targets()[0]) and dispatch_target() == targets()[0]
     with pytest.raises(ZeroDivisionError):
         with force_target("scalar"):
             1 / 0
@@ -83,7 +85,7 @@ def test_forced_target_applies_to_kernels_created_under_it():
 def test_unknown_or_unsupported_target_is_refused():
     with pytest.raises(InputError, match="unknown CPU kernel target 'sse9'"):
         set_target("sse9")
-    absent = [t for t in ("amx", "avx3", "avx2", "neon") if t not in targets()]
+    absent = [t for t in ("amx", "avx3_bf16", "avx3", "avx2", "neon") if t not in targets()]
     for t in absent:
         with pytest.raises(BoardUnavailableError, match=f"does not run the {t} kernels") as e:
             set_target(t)

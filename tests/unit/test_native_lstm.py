@@ -16,9 +16,9 @@ from edgehft.errors import BoardUnavailableError, DTypeError, InputError, ShapeE
 from edgehft.kernels.cpu import lstm as native_lstm
 from edgehft.kernels.cpu.build import force_target
 from edgehft.kernels.cpu.lstm import NativeLSTM, activations
-from native_reference import BOUND, SAT_BOUND, cpu_targets, reference_lstm, sigmoid
+from native_reference import BOUND, SAT_BOUND, cpu_targets, reference_lstm, sigmoid, simd_target
 
-TARGETS = cpu_targets()      # every dispatch target this CPU runs (amx, avx3, avx2, neon, scalar)
+TARGETS = cpu_targets()      # every dispatch target this CPU runs (amx, avx3_bf16, avx3, avx2, neon, scalar)
 
 
 def random_layers(rng, in_size, hidden):
@@ -45,7 +45,7 @@ def test_matches_float64_lstm(H, target):
                 for rs in (False, True):
                     with force_target(target):
                         k = NativeLSTM(layers, T, rs)
-                    assert k.isa == (target if target != "amx" else k.isa)
+                    assert k.isa == simd_target(target)
                     y = k.run(x)
                     want = reference_lstm(layers, x, rs)
                     assert y.shape == want.shape == ((T, hidden[-1]) if rs else (hidden[-1],))

@@ -4,8 +4,9 @@ target, and the ctypes kernel object every kernel shares.
 One library, ``libedgehft_cpu.so``, from every ``.cpp`` (and ``.h``) in this directory, compiled without
 ``-march``: Google Highway (Debian ``libhwy-dev``, headers only) compiles each kernel's SIMD code once per
 target (x86-64: AVX3 = AVX-512, AVX2 + FMA, and a scalar fallback; aarch64: NEON and the fallback) and the
-library picks the best one this CPU runs when a kernel is created (``cpu_dispatch.h``). The conv kernel's
-AMX-BF16 tiles are one more level ("amx") where the CPU and Linux allow them. The binary is the same on
+library picks the best one this CPU runs when a kernel is created (``cpu_dispatch.h``). The conv kernel has
+two more levels of its own code (:data:`CONV_ONLY`; the other kernels run the best Highway target there):
+``avx3_bf16`` (AVX512_BF16's VDPBF16PS) and ``amx`` (AMX-BF16 tiles, where the CPU and Linux allow them). The binary is the same on
 every box of an architecture, so it is built once:
 
 * :func:`build_all` builds it into a directory (the wheel/install step ships it in
@@ -17,7 +18,7 @@ every box of an architecture, so it is built once:
 Choosing the target: :func:`targets` (what this CPU runs, best first), :func:`dispatch_target` (what new
 kernels get now), :func:`set_target` / :func:`force_target` (tests, benchmarks; kernels created before
 keep theirs), and the environment variable ``EDGEHFT_CPU_TARGET`` (read when the library is first loaded).
-Target names: ``amx``, ``avx3`` (alias ``avx512``), ``avx2``, ``neon``, ``scalar``.
+Target names, best first: ``amx``, ``avx3_bf16``, ``avx3`` (alias ``avx512``), ``avx2``, ``neon``, ``scalar``.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ LIB_NAME = "libedgehft_cpu"
 PREBUILT_DIR = HERE / "prebuilt"
 TARGET_ENV = "EDGEHFT_CPU_TARGET"
 ALIASES = {"avx512": "avx3", "best": ""}
+CONV_ONLY = ("amx", "avx3_bf16")      # levels only the conv kernel has (the others run the best SIMD target)
 _LIBS: dict[str, ctypes.CDLL] = {}
 _FORCED: list = [None]            # the target set_target forced (None: the best), for force_target
 _HWY_HINT = "install Google Highway's headers (Debian: apt-get install libhwy-dev), or edgehft's prebuilt kernels"
@@ -180,7 +182,7 @@ def _all_libs() -> list[ctypes.CDLL]:
 
 
 def targets() -> list[str]:
-    """The targets this CPU (and this build) runs, best first, e.g. ``["avx3", "avx2", "scalar"]``."""
+    """The targets this CPU (and this build) runs, best first, e.g. ``["avx3_bf16", "avx3", "avx2", "scalar"]``."""
     return _all_libs()[0].edgehft_cpu_targets().decode().split(",")
 
 
@@ -210,7 +212,7 @@ def set_target(name: str | None) -> None:
         rc = lib.edgehft_cpu_set_target(want.encode())
         if rc == -1:
             raise InputError(f"unknown CPU kernel target {name!r}",
-                             hint="one of amx, avx3 (avx512), avx2, neon, scalar, or best")
+                             hint="one of amx, avx3_bf16, avx3 (avx512), avx2, neon, scalar, or best")
         if rc == -2:
             raise BoardUnavailableError(f"this CPU does not run the {want} kernels",
                                         hint=f"it runs: {', '.join(targets())}")

@@ -21,6 +21,13 @@
 // the whole (kernel row, kw*C) loop: each weight vector load serves kPix pixels, each broadcast input value
 // 4 vectors; then bias, activation and the NHWC fp32 store (masked past Co).
 //
+// Schedule (AVX512_BF16, AMD Zen 4 and later, Intel Cooper Lake / Sapphire Rapids and later: our own code,
+// per-function target attributes): the bf16 input buffer and the AMX weight layout; 6 pixels x 4
+// 16-channel blocks of fp32 accumulators, each VDPBF16PS adding one input pair's two exact products per
+// lane (so each sum takes its pairs in order, the odd element of a pair first: a few fp32 ulps from the
+// SIMD path's order), into the block scratch, then the AVX3 epilogue. Twice the products per instruction
+// of an fp32 FMA. Subnormal bf16 inputs count as zero there (the instruction's DAZ).
+//
 // Schedule (AMX, Intel Sapphire Rapids and later, when CPUID and Linux's arch_prctl allow tiles): 16
 // pixels along an output row are evenly spaced (sw pixels apart), so they are one tile load at stride
 // sw*C*2 bytes, with no im2col copy. When the whole output is evenly spaced (Wo == 1, Ho == 1, or
@@ -68,7 +75,8 @@ struct Conv {
     float* wf;               // SIMD: bf16-rounded weights as float [kh][kw*C][Cop]
     float* bias;             // [Cop], zeros after Co
     float* acc;              // AMX block scratch [32][NB*16]
-    bool amx;
+    bool amx;                // runs on AMX tiles
+    bool dpbf16;             // runs on AVX512_BF16's VDPBF16PS
     int slot;                // the Highway target slot (cpu_dispatch.h) of the SIMD code and epilogue
 };
 
@@ -367,6 +375,63 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_block(Conv* k, const uint1
     kTable[kAvx3]->epilogue(*k, k->acc, NB * 16, out, p0, p0 + rows);
 }
 
+// AVX512_BF16: P pixels x NV 16-channel blocks (from block nb0) into the block scratch (row p - m0 at
+// k->acc + (p - m0) * NB * 16). Per output lane VDPBF16PS adds one bf16 pair's two exact products (the odd
+// element's first) to the fp32 sum, pairs in ascending order of kernel row then kw*C position; the B
+// vectors are the AMX B tiles' rows (16 channels x one pair), the A value one input pair broadcast.
+template <int P, int NV>
+__attribute__((target("avx512f,avx512bf16"))) void dp_block(const Conv* k, int m0, int nb0) {
+    const size_t C = k->C, row = static_cast<size_t>(k->Wp) * C, tile = 16 * 32;
+    const int KB = k->KB, NB = k->NB, pairs = (k->kw * k->C + 1) / 2;
+    const uint16_t* px[P];
+    for (int p = 0; p < P; ++p) {
+        const int oy = (m0 + p) / k->Wo, ox = (m0 + p) % k->Wo;
+        px[p] = static_cast<const uint16_t*>(k->x) +
+                (static_cast<size_t>(oy) * k->sh * k->Wp + static_cast<size_t>(ox) * k->sw) * C;
+    }
+    __m512 acc[P][NV];
+    for (int p = 0; p < P; ++p)
+        for (int v = 0; v < NV; ++v) acc[p][v] = _mm512_setzero_ps();
+    for (int i = 0; i < k->kh; ++i) {
+        const uint16_t* w = k->wt + static_cast<size_t>(i) * KB * NB * tile;
+        for (int j = 0; j < pairs; ++j) {
+            const uint16_t* wj = w + (static_cast<size_t>(j / 16) * NB + nb0) * tile + (j % 16) * 32;
+            __m512i b[NV];
+            for (int v = 0; v < NV; ++v) b[v] = _mm512_load_si512(wj + v * tile);
+            for (int p = 0; p < P; ++p) {
+                uint32_t pair;
+                memcpy(&pair, px[p] + i * row + 2 * j, 4);
+                const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+                for (int v = 0; v < NV; ++v) acc[p][v] = _mm512_dpbf16_ps(acc[p][v], a, (__m512bh)b[v]);
+            }
+        }
+    }
+    for (int p = 0; p < P; ++p)
+        for (int v = 0; v < NV; ++v) _mm512_store_ps(k->acc + static_cast<size_t>(p) * NB * 16 + (nb0 + v) * 16, acc[p][v]);
+}
+
+template <int P, int NV>
+void dp_blocks(int np, int nv, const Conv* k, int m0, int nb0) {
+    if (nv < NV) {
+        if constexpr (NV > 1) dp_blocks<P, NV - 1>(np, nv, k, m0, nb0);
+    } else if (np < P) {
+        if constexpr (P > 1) dp_blocks<P - 1, NV>(np, nv, k, m0, nb0);
+    } else {
+        dp_block<P, NV>(k, m0, nb0);
+    }
+}
+
+// The whole conv on VDPBF16PS: pixel blocks of 6 (6 x 4 accumulators), all channel blocks (4 at a time)
+// into the scratch, then the AVX3 epilogue.
+void run_dp(Conv* k, float* out) {
+    constexpr int kP = 6;
+    for (int m0 = 0; m0 < k->M; m0 += kP) {
+        const int np = std::min(kP, k->M - m0);
+        for (int nb0 = 0; nb0 < k->NB; nb0 += 4) dp_blocks<kP, 4>(np, std::min(4, k->NB - nb0), k, m0, nb0);
+        kTable[kAvx3]->epilogue(*k, k->acc, k->NB * 16, out, m0, m0 + np);
+    }
+}
+
 __attribute__((target("amx-tile,amx-bf16"))) void run_amx(Conv* k, float* out) {
     const uint16_t* xb = static_cast<const uint16_t*>(k->x);
     TileConfig cfg;
@@ -400,8 +465,8 @@ int edgehft_conv_amx() { return slot_supported(kAmx) ? 1 : 0; }
 
 // Create a conv. dims = {H, W, C, Co, kh, kw, sh, sw, ph, pw, Ho, Wo} (ph, pw: the leading SAME padding;
 // VALID: 0); weights OHWI (Co, kh, kw, C) float32; bias (Co,) float32 or null; act: 0 none, 1 relu,
-// 2 relu6, 3 relu_n1_to_1, 4 leaky (alpha). portable: 1 never uses AMX (the SIMD path of the target in
-// force). The target in force at create (cpu_dispatch.h) is the one the conv runs. Returns null on an
+// 2 relu6, 3 relu_n1_to_1, 4 leaky (alpha). portable: 1 never uses AMX or VDPBF16PS (the Highway SIMD path
+// of the target in force). The target in force at create (cpu_dispatch.h) is the one the conv runs. Returns null on an
 // inconsistent geometry or no memory.
 void* edgehft_conv_create(const int* dims, const float* weights, const float* bias, int act, float alpha,
                           int portable) {
@@ -450,6 +515,7 @@ void* edgehft_conv_create(const int* dims, const float* weights, const float* bi
     }
     const int slot = current_slot();
     k->amx = !portable && slot == kAmx;
+    k->dpbf16 = !portable && slot == kAvx3Bf16;
     k->slot = simd_slot(slot);
     return k;
 }
@@ -462,9 +528,10 @@ int edgehft_conv_run(void* h, const float* x, float* out) {
     if (!k->x) return -1;
     const conv::Fns* fn = kTable[k->slot];
 #ifdef EDGEHFT_AMX
-    if (k->amx) {
+    if (k->amx || k->dpbf16) {
         fill<uint16_t>(k, x, static_cast<uint16_t*>(k->x), fn->round_bf16);
-        run_amx(k, out);
+        if (k->amx) run_amx(k, out);
+        else run_dp(k, out);
         return 0;
     }
 #endif
@@ -473,10 +540,10 @@ int edgehft_conv_run(void* h, const float* x, float* out) {
     return 0;
 }
 
-// The target slot this conv runs (cpu_dispatch.h: 0 amx, 1 avx3, 2 avx2, 3 neon, 4 the fallback).
+// The target slot this conv runs (cpu_dispatch.h: 0 amx, 1 avx3_bf16, 2 avx3, 3 avx2, 4 neon, 5 the fallback).
 int edgehft_conv_slot(void* h) {
     const Conv* k = static_cast<Conv*>(h);
-    return k->amx ? kAmx : k->slot;
+    return k->amx ? kAmx : k->dpbf16 ? kAvx3Bf16 : k->slot;
 }
 
 // 1 when this conv runs on AMX tiles, 0 on the SIMD path.

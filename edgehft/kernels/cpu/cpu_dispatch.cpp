@@ -22,8 +22,8 @@
 namespace edgehft {
 namespace {
 
-const char* const kNames[kSlots] = {"amx", "avx3", "avx2", "neon", "scalar"};
-const int64_t kHwy[kSlots] = {0, HWY_AVX3, HWY_AVX2, HWY_NEON, 0};
+const char* const kNames[kSlots] = {"amx", "avx3_bf16", "avx3", "avx2", "neon", "scalar"};
+const int64_t kHwy[kSlots] = {0, 0, HWY_AVX3, HWY_AVX2, HWY_NEON, 0};
 
 // Which Highway targets were compiled (HWY_TARGETS of this translation unit: the same in every source,
 // they share cpu_dispatch.h's target set).
@@ -57,6 +57,7 @@ bool cpu_runs(int slot) {
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
     if (slot == kAvx2) return avx2;
     if (slot == kAvx3) return avx3;
+    if (slot == kAvx3Bf16) return avx3 && __builtin_cpu_supports("avx512bf16");
 #ifdef EDGEHFT_X86_LINUX
     if (slot == kAmx) return avx3 && amx_check();
 #endif
@@ -82,7 +83,7 @@ bool slot_supported(int slot) {
     static const unsigned mask = [] {
         unsigned m = 0;
         for (int s = 0; s < kSlots; ++s)
-            if ((s == kAmx || compiled(s)) && cpu_runs(s)) m |= 1u << s;
+            if ((s == kAmx || s == kAvx3Bf16 || compiled(s)) && cpu_runs(s)) m |= 1u << s;
         return m;
     }();
     return slot >= 0 && slot < kSlots && (mask >> slot & 1u);
@@ -94,7 +95,7 @@ int current_slot() {
 }
 
 int simd_slot(int slot) {
-    if (slot != kAmx) return slot;
+    if (slot != kAmx && slot != kAvx3Bf16) return slot;
     for (int s = kAvx3; s < kSlots; ++s)
         if (slot_supported(s)) return s;
     return kFallback;

@@ -7,8 +7,10 @@
 //     aarch64: NEON, and the fallback
 //     other:   the fallback
 // The fallback is Highway's SCALAR target (EMU128 with GCC >= 12.3): plain C++, one lane at a time.
-// AMX-BF16 (Intel Sapphire Rapids and later) is one more level above AVX3 on x86-64 Linux; only the conv
-// kernel uses it (its own tile code, cpu_conv.cpp); the other kernels run their best Highway slot there.
+// Two more levels above AVX3 on x86-64, used by the conv kernel only (its own code, cpu_conv.cpp; the other
+// kernels run their best Highway slot there): AVX3_BF16 (AVX-512 with AVX512_BF16's VDPBF16PS: AMD Zen 4
+// and later, Intel Cooper Lake and Sapphire Rapids and later) and AMX-BF16 (Intel Sapphire Rapids and later,
+// Linux).
 //
 // Highway's own dynamic dispatch (HWY_EXPORT / HWY_DYNAMIC_DISPATCH) keeps its chosen target in libhwy's
 // targets.cc, which Debian ships only as a shared library (libhwy.so.1, no static archive): using it would
@@ -35,13 +37,15 @@
 
 namespace edgehft {
 
-// Target slots, best first. kAmx is not a Highway target: the conv kernel's AMX tiles (x86-64 only).
-enum Slot { kAmx = 0, kAvx3 = 1, kAvx2 = 2, kNeon = 3, kFallback = 4, kSlots = 5 };
+// Target slots, best first. kAmx and kAvx3Bf16 are not Highway targets: the conv kernel's AMX tiles and
+// VDPBF16PS code (x86-64 only).
+enum Slot { kAmx = 0, kAvx3Bf16 = 1, kAvx3 = 2, kAvx2 = 3, kNeon = 4, kFallback = 5, kSlots = 6 };
 
 // The slot new kernels use now (the best this CPU runs, unless one was forced).
 int current_slot();
 
-// The Highway slot (kAvx3 .. kFallback) for a slot: kAmx maps to the best Highway slot this CPU runs.
+// The Highway slot (kAvx3 .. kFallback) for a slot: kAmx and kAvx3Bf16 map to the best Highway slot this
+// CPU runs.
 int simd_slot(int slot);
 
 // Whether this CPU (and OS) runs the slot.
@@ -52,6 +56,6 @@ bool slot_supported(int slot);
 // One table entry per slot, as the kernel families' tables are laid out: NAME's per-target copy
 // (&N_<TARGET>::NAME) or nullptr where that target was not compiled. Use where HWY_ONCE holds.
 #define EDGEHFT_SLOT_TABLE(NAME) \
-    { nullptr, HWY_CHOOSE_AVX3(NAME), HWY_CHOOSE_AVX2(NAME), HWY_CHOOSE_NEON(NAME), HWY_CHOOSE_FALLBACK(NAME) }
+    { nullptr, nullptr, HWY_CHOOSE_AVX3(NAME), HWY_CHOOSE_AVX2(NAME), HWY_CHOOSE_NEON(NAME), HWY_CHOOSE_FALLBACK(NAME) }
 
 #endif  // EDGEHFT_CPU_DISPATCH_H_

@@ -280,7 +280,7 @@ void pad_cols(const float* src, int rows, int N, int Np, float* dst) {
 
 extern "C" {
 
-// The target slot a net runs (cpu_dispatch.h: 1 avx3, 2 avx2, 3 neon, 4 the fallback), chosen at create.
+// The target slot a net runs (cpu_dispatch.h: 2 avx3, 3 avx2, 4 neon, 5 the fallback), chosen at create.
 int edgehft_lstm_slot(void* p) { return static_cast<Net*>(p)->slot; }
 
 // Copies the weights. Ws[l] (in_l, 4H_l), Us[l] (H_l, 4H_l), bs[l] (4H_l,), Keras layout, float32,
