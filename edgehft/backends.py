@@ -38,7 +38,7 @@ import importlib
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from edgehft.errors import BoardUnavailableError
+from edgehft.errors import BoardUnavailableError, InputError
 
 GROUP = "edgehft.backends"
 
@@ -127,8 +127,8 @@ def load_object(ref: str, what: str):
     """Import ``ref`` (``"module"`` or ``"module:attribute"``) and return the module or attribute.
 
     Raises:
-        BoardUnavailableError: the module or the attribute does not exist (a missing vendor library that the
-            module imports at its top is reported the same way, naming it).
+        BoardUnavailableError: the module or the attribute does not exist, or importing the module raised (a
+            missing vendor library that the module imports at its top is reported the same way, naming it).
     """
     module, _, attr = ref.partition(":")
     try:
@@ -136,6 +136,9 @@ def load_object(ref: str, what: str):
     except ModuleNotFoundError as exc:
         raise BoardUnavailableError(f"{what}: module {module} cannot be imported (no module {exc.name!r})",
                                     hint="install the package that provides it, or check its entry point") from None
+    except Exception as exc:                       # a plugin's own bug at import: name the backend, no traceback
+        raise BoardUnavailableError(f"{what}: importing {module} failed: {type(exc).__name__}: {exc}",
+                                    hint="reinstall or fix the package that provides it") from None
     if not attr:
         return obj
     try:
@@ -255,6 +258,25 @@ def stage_of_each(stage: str) -> list:
         except BoardUnavailableError:
             continue
     return found
+
+
+def refuse_foreign_options(board, given: dict) -> None:
+    """Refuse board options (``CompileOptions.board_options`` / what ``report`` got, keyed as the backends'
+    :class:`~edgehft.board_options.BoardOptions` ``keys``) that ``board``'s own backend does not take.
+
+    Raises:
+        InputError: some ``given`` key belongs to another board kind (the message names its options and the
+            boards they are for) or to none (exit 3).
+    """
+    mine = get(board.backend)
+    own = set(mine.load("board_options").keys) if mine.board_options else set()
+    foreign = set(given) - own
+    if not foreign:
+        return
+    owners = [o for _, o in stage_of_each("board_options") if foreign & set(o.keys)]
+    what = " and ".join(f"{o.spelled()} {'apply' if len(o.options) > 1 else 'applies'} to {o.owner} boards"
+                        for o in owners) or f"board options {sorted(foreign)} do not apply"
+    raise InputError(f"{what}, not {board.name}")
 
 
 def default_board(suffix: str) -> str | None:

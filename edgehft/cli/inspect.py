@@ -8,6 +8,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from edgehft import backends
 from edgehft.cli.common import board_flags_given, board_options_of, board_opts, handles_errors, json_opt, main, out
 from edgehft.errors import InputError
 from edgehft.report import printable
@@ -72,7 +73,9 @@ def report_cmd(path, board, cpu_model, list_tensors, engine_records, as_json, **
         if _shown_as_compiled(model, p, cpu_model, as_json):
             return
     spec, part = _predicting_board(board, suffix)
-    rep = part.predict(p, spec, **board_options_of(board_values))
+    given = board_options_of(board_values)
+    backends.refuse_foreign_options(spec, given)          # as compile does: another board kind's flags are exit 3
+    rep = part.predict(p, spec, **given)
     if as_json:
         click.echo(json.dumps({"model": str(p), "report": rep.model_dump()}))
         return
@@ -82,7 +85,6 @@ def report_cmd(path, board, cpu_model, list_tensors, engine_records, as_json, **
 def _show_bundle(path: Path, engine_records, as_json: bool) -> None:
     """``report BUNDLE``: its report.json, with what its backend's partitioner confirmed since (Jetson: the
     engine inspector's placement, once build-engine ran)."""
-    from edgehft import backends
     from edgehft.bundle import load_bundle
     from edgehft.report import Report, print_report
     b = load_bundle(path)
@@ -100,7 +102,6 @@ def _show_bundle(path: Path, engine_records, as_json: bool) -> None:
 def _shown_as_compiled(model, path: Path, cpu_model: str | None, as_json: bool) -> bool:
     """Whether some backend's ``compiled_report`` (:mod:`edgehft.backends`) recognised ``model`` as one compiled
     for its accelerator, and showed what is inside (True), or none did (False: predict for it)."""
-    from edgehft import backends
     return any(show(model, path, cpu_model, as_json) for _, show in backends.stage_of_each("compiled_report"))
 
 
@@ -112,7 +113,6 @@ def _predicting_board(board: str | None, suffix: str):
         InputError: the board's backend predicts nothing for such files (the hint names the boards that do).
         BoardUnavailableError: the board names a backend that is not installed.
     """
-    from edgehft import backends
     from edgehft.boards import list_boards, load_board
     name = board or backends.default_board(suffix)
     what = "an ONNX placement" if suffix == ".onnx" else f"a {suffix} partition"
@@ -162,7 +162,6 @@ def boards_cmd(probe, as_json):
     boards = list_boards()
     found, lines = {}, []
     if probe:
-        from edgehft import backends
         for _, attached in backends.stage_of_each("attached"):
             data, text = attached()
             found.update(data)
@@ -202,7 +201,6 @@ def build_engine_cmd(bundle, dla_core, no_gpu_fallback, workspace_mib, as_json):
     from edgehft.toolchains import tensorrt as T
     b = load_bundle(bundle)
     m = b.manifest
-    from edgehft import backends
     if not backends.partitioner(m.backend, required=False).takes_engine_records:      # the backend whose engines these are
         raise InputError(f"bundle {b.path} is for {m.board} ({m.backend}), not a Jetson board")
     board = load_board(m.board)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from edgehft.errors import InputError
 
 
 @dataclass
@@ -71,8 +70,6 @@ class CompilerStage:
 
     Attributes:
         plans_on_host: the board runs on this host's CPU, so ``--quant auto`` (timing plans here) applies.
-        board_option_keys: the ``CompileOptions.board_options`` keys it reads (its backend's
-            :class:`~edgehft.board_options.BoardOptions` ``keys``); any other is refused.
         golden_on_cpu: the pipeline makes golden vectors and drift on the cpu runtime before :meth:`build`
             (False: :meth:`build` makes them and returns the manifest).
         golden_may_be_missing: a model no LiteRT kernel path runs still compiles (its bundle says why it has
@@ -80,7 +77,6 @@ class CompilerStage:
     """
 
     plans_on_host = False
-    board_option_keys: tuple = ()
     golden_on_cpu = True
     golden_may_be_missing = False
 
@@ -88,15 +84,11 @@ class CompilerStage:
         """Refuse what does not apply to ``board`` before anything runs.
 
         Raises:
-            InputError: board options of another board kind (the message names it and its options).
+            InputError: board options its backend's :class:`~edgehft.board_options.BoardOptions` does not
+                declare (another board kind's: the message names it and its options).
         """
-        foreign = set(opts.board_options) - set(self.board_option_keys)
-        if foreign:
-            from edgehft import backends
-            owners = [o for _, o in backends.stage_of_each("board_options") if foreign & set(o.keys)]
-            what = " and ".join(f"{o.spelled()} apply to {o.owner} boards" for o in owners) or \
-                f"board options {sorted(foreign)} do not apply"
-            raise InputError(f"{what}, not {board.name}")
+        from edgehft import backends
+        backends.refuse_foreign_options(board, opts.board_options)
 
     def worker_request(self, board, quant: str) -> dict:
         """Extra fields for the converter worker's request (merged over the pipeline's); none by default."""

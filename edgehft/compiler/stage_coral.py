@@ -10,7 +10,6 @@ class CoralStage(CompilerStage):
     """Edge TPU boards: they take the Edge TPU flags, the worker makes model I/O of the board's dtype, and
     a model LiteRT cannot run still gets its partition (the bundle says why it has no golden vectors)."""
 
-    board_option_keys = ("edgetpu", "edgetpu_model")     # edgehft.partition.coral_options
     golden_may_be_missing = True
 
     def worker_request(self, board, quant: str) -> dict:

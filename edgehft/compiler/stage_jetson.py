@@ -17,7 +17,7 @@ class JetsonStage(CompilerStage):
     golden_on_cpu = False
 
     def validate(self, board, model, opts) -> None:
-        """Raises: InputError: a ``.tflite`` model (Jetson takes the Keras model), or Edge TPU flags."""
+        """Raises: InputError: a ``.tflite`` model (Jetson takes the Keras model), or another board kind's options."""
         if model.suffix == ".tflite":
             raise InputError(f"{board.name} takes a Keras model (exported to ONNX), not a .tflite",
                              hint="pass the .keras / .h5 / SavedModel the .tflite came from")

@@ -33,7 +33,8 @@ PLUGIN = {
                           probe="null_board:probe", facts="null_board:facts", host_cpu=True,
                           board_dirs=(str(Path(__file__).resolve().parent / "boards"),),
                           golden_hint="NULL runs LiteRT on this host, so the golden path should match: ",
-                          partitioner="null_board.partition:PARTITIONER")
+                          partitioner="null_board.partition:PARTITIONER",
+                          board_options="null_board.options:OPTIONS")
 
 
         def facts(root):
@@ -43,6 +44,12 @@ PLUGIN = {
 
         def probe(board, facts):
             return litert_missing(facts) + ([] if facts.get("null_board") else ["no /etc/null-board: not a NULL box"])
+        ''',
+    "null_board/options.py": '''
+        from edgehft.board_options import BoardOptions, Option
+
+        OPTIONS = BoardOptions(owner="NULL", keys=("null_note",), options=(
+            Option(("--null-note",), "null_note", help="NULL boards: a note written into the bundle's manifest."),))
         ''',
     "null_board/runtime.py": '''
         from edgehft.runtime import cpu
@@ -63,6 +70,8 @@ PLUGIN = {
                 out = super().build(ctx)
                 out.report.notes.append("NULL board: a dry run, no accelerator")
                 out.accelerator["device"] = "NULL"
+                if "null_note" in ctx.opts.board_options:
+                    out.accelerator["note"] = ctx.opts.board_options["null_note"]
                 return out
 
 
@@ -180,6 +189,28 @@ def test_a_broken_entry_point_is_named(tmp_path, monkeypatch):
     assert "cpu" in {b.name for b in list_boards()}     # the catalog still lists the others
 
 
+def test_a_plugin_that_raises_at_import_is_exit_7_and_leaves_the_others_options(tmp_path, monkeypatch):
+    """A plugin module that raises (not a missing module: its own bug) is named, exit 7, not a traceback; and
+    the other backends keep their board options (Coral's -m still exists)."""
+    (tmp_path / "broken_opts").mkdir()
+    (tmp_path / "broken_opts" / "__init__.py").write_text(
+        "from edgehft.backends import Backend\n"
+        "BACKEND = Backend('brokenopts', 'broken_opts.runtime', 'broken_opts:STAGE', 'broken_opts:probe',\n"
+        "                  board_options='broken_opts.options:OPTIONS')\n")
+    (tmp_path / "broken_opts" / "options.py").write_text("raise RuntimeError('a bug in the plugin')\n")
+    info = tmp_path / "broken_opts-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-opts\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[edgehft.backends]\nbrokenopts = broken_opts:BACKEND\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BoardUnavailableError, match="importing broken_opts.options failed: RuntimeError: a bug") as e:
+        backends.get("brokenopts").load("board_options")
+    assert e.value.exit_code == 7
+    assert [name for name, _ in backends.stage_of_each("board_options")] == ["coral"]
+    h = _cli(tmp_path, "compile", "--help")
+    assert h.returncode == 0 and "--min-runtime" in h.stdout and "Traceback" not in h.stderr
+
+
 def test_the_null_plugin_is_found_through_its_entry_point(on_path):
     assert "null" in backends.names()
     b = backends.get("null")
@@ -275,7 +306,7 @@ def null_bundle(plugin, mlp, tmp_path_factory) -> tuple:
     """The mlp compiled for the null board through the CLI: (bundle, the compile's CompletedProcess)."""
     bundle = tmp_path_factory.mktemp("null_bundle") / "mlp.null"
     c = _cli(plugin, "compile", mlp / "mlp.keras", "--board", "null", "--calib", mlp / "x.npy", "--out", bundle,
-             "--json")
+             "--null-note", "dry run of the mlp", "--json")
     return bundle, c
 
 
@@ -290,10 +321,14 @@ def test_null_board_reports_a_tflite_through_its_own_partitioner(plugin, null_bu
     rep = rep["report"]
     assert (rep["board"], rep["verdict"], rep["verdict_source"]) == ("null", "predicted", "NULL: the int8 graph on LiteRT")
     assert rep["accelerator"] == {"vendor": "null-litert", "options": []}       # no board options given
-    # another board kind's options reach every partitioner in the one signature (this one ignores them)
-    r = _cli(plugin, "report", model, "--board", "null", "-m", "13", "--json")
+    # the plugin's own option reaches its partitioner; another board kind's is refused, as compile refuses it
+    r = _cli(plugin, "report", model, "--board", "null", "--null-note", "x", "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["report"]["accelerator"]["options"] == ["edgetpu"]
+    assert json.loads(r.stdout)["report"]["accelerator"]["options"] == ["null_note"]
+    r = _cli(plugin, "report", model, "--board", "null", "-m", "13", "--json")     # --json: the error as JSON
+    assert r.returncode == 3 and json.loads(r.stdout)["error"] == "-m/-a/-i/--edgetpu-model apply to Coral boards, not null"
+    r = _cli(plugin, "report", model, "--board", "coral-usb", "--null-note", "x")
+    assert r.returncode == 3 and "--null-note applies to NULL boards, not coral-usb" in " ".join(r.stderr.split())
     assert {o["reason_code"] for o in rep["ops"]} == {"NULL_LITERT"} and rep["counts"] == {"cpu": len(rep["ops"])}
     t = _cli(plugin, "report", model, "--board", "null")
     assert t.returncode == 0, t.stderr
@@ -331,7 +366,14 @@ def test_null_board_compiles_reports_runs_and_benches_through_the_cli(plugin, ml
     res = json.loads(c.stdout)
     assert res["report"]["board"] == "null" and "NULL board: a dry run, no accelerator" in res["report"]["notes"]
     manifest = json.loads((bundle / "manifest.json").read_text())
-    assert (manifest["board"], manifest["backend"], manifest["accelerator"]) == ("null", "null", {"device": "NULL"})
+    assert (manifest["board"], manifest["backend"], manifest["accelerator"]) == (
+        "null", "null", {"device": "NULL", "note": "dry run of the mlp"})      # its own --null-note
+    help_text = _cli(plugin, "compile", "--help").stdout
+    assert "--null-note" in help_text and "--min-runtime" in help_text
+    cpu = _cli(plugin, "compile", mlp / "mlp.keras", "--board", "cpu", "--calib", mlp / "x.npy", "--out",
+               bundle.parent / "never", "--null-note", "x")
+    assert cpu.returncode == 3 and "--null-note applies to NULL boards, not cpu" in " ".join(cpu.stderr.split())
+    assert not (bundle.parent / "never").exists()
     assert manifest["quantization"]["mode"] == "int8" and manifest["golden"]["compare"] == "exact"
 
     r = _cli(plugin, "report", bundle)
