@@ -10,6 +10,9 @@ insert_qdq` puts Q/DQ pairs with the TFLite ranges into it (zero point 0, as Ten
 (LiteRT in this process, LSTM state reset before every window): max |diff| <= ``QDQ_VS_TFLITE_MAX_ABS`` and
 argmax agreement >= ``QDQ_VS_TFLITE_ARGMAX`` -- not bit-equal, onnxruntime computes Q/DQ in float, the
 LSTM stays float and the zero points differ -- and against Keras (drift). Golden atol: ``QDQ_GOLDEN_ATOL``.
+All three figures come from onnxruntime with graph optimizations off (:func:`edgehft.compiler.onnx_check.
+session`): the Q/DQ semantics, not this host's int8 kernels, whose pairwise sums saturate on CPUs without
+VNNI; the kernels that ran (one window, from onnxruntime's profile) are in ``report.golden["onnxruntime"]``.
 
 The engine itself is built on the board by its own TensorRT (engines are not portable); until then the
 report says "predicted". Golden vectors are compared with a tolerance (``allclose``): TensorRT's fp16
@@ -26,6 +29,7 @@ import numpy as np
 from edgehft.bundle import Golden, Manifest, TensorSpec
 from edgehft.compiler.drift import measure_drift
 from edgehft.compiler.stage import StageInput, StageOutput
+from edgehft.errors import ConverterError
 from edgehft.partition.jetson_predict import tensorrt_report
 
 
@@ -129,35 +133,56 @@ def _float_stage(ctx: StageInput) -> StageOutput:
     return _output(ctx, report, name, onnx_path, pieces, warnings)
 
 
+def _qdq_outputs(qdq_path: Path, held: np.ndarray) -> tuple[list[np.ndarray], dict]:
+    """The Q/DQ ONNX's outputs on ``held`` (N, *input_shape) by the Q/DQ semantics -- onnxruntime with graph
+    optimizations off, every node as itself -- and ``{"graph_optimization", "kernels"}``: the kernels that
+    ran for one window (op type -> count, from onnxruntime's profile).
+
+    Raises:
+        ConverterError: onnxruntime fused or inserted kernels all the same (the figures would be those of this
+            CPU's int8 kernels, not of the Q/DQ model).
+    """
+    from edgehft.compiler.onnx_check import foreign_kernels, kernels_run, run_onnx
+    ys = run_onnx(qdq_path, held)
+    kernels = kernels_run(qdq_path, held[:1])
+    foreign = foreign_kernels(kernels, qdq_path)
+    if foreign:
+        raise ConverterError(f"onnxruntime did not run {qdq_path.name} node by node (kernels {', '.join(foreign)} "
+                             "differ from its nodes): its figures would depend on this CPU's int8 kernels",
+                             hint="use an onnxruntime whose ORT_DISABLE_ALL leaves the graph as it is (1.32 does)")
+    return ys, {"graph_optimization": "ORT_DISABLE_ALL", "kernels": kernels}
+
 
 def _int8_stage(ctx: StageInput) -> StageOutput:  # long: the Q/DQ checks and the note that states them
     work, info, board, held = ctx.work, ctx.info, ctx.board, ctx.held
-    from edgehft.compiler.onnx_check import diff_figures, run_onnx, softmax_outputs
+    from edgehft.compiler.onnx_check import diff_figures, softmax_outputs
     from edgehft.compiler.onnx_qdq import insert_qdq
     src = work / "worker" / info["onnx"]["float32"]["file"]
     tflite = work / "worker" / "model.tflite"
     qdq_path = work / "model_int8_qdq.onnx"
     fig = insert_qdq(src, tflite, qdq_path)
-    ys = run_onnx(qdq_path, held)
+    ys, ort_run = _qdq_outputs(qdq_path, held)
     soft = softmax_outputs(qdq_path)
     vs_tfl = diff_figures(ys, tflite_outputs(tflite, held), soft)
     agree = vs_tfl["argmax_agreement"]
     vs_tfl.update(tolerance={"max_abs_diff": QDQ_VS_TFLITE_MAX_ABS, "argmax_agreement": QDQ_VS_TFLITE_ARGMAX},
                   passed=vs_tfl["max_abs_diff"] <= QDQ_VS_TFLITE_MAX_ABS
                   and (agree is None or agree >= QDQ_VS_TFLITE_ARGMAX))
-    pieces = _golden(ctx, ys, "onnxruntime CPU (int8 Q/DQ ONNX, Q/DQ computed in float)", QDQ_GOLDEN_ATOL)
+    pieces = _golden(ctx, ys, "onnxruntime CPU (int8 Q/DQ ONNX, graph optimizations off: Q/DQ computed in "
+                              "float, no int8 kernel)", QDQ_GOLDEN_ATOL)
     golden, g = pieces[2], pieces[2].count
     report = tensorrt_report(str(qdq_path), board, "int8")
     report.drift = measure_drift(ctx.float_outs, ys, ctx.info["output_names"], soft, ctx.opts.drift_threshold,
                                  reference=f"Keras float model ({info['flavour']})",
-                                 candidate="int8 Q/DQ ONNX on onnxruntime")
+                                 candidate="int8 Q/DQ ONNX on onnxruntime (Q/DQ in float)")
     summary = {k: fig[k] for k in ("qdq_pairs", "weights_per_channel", "weight_scales", "activations", "matched",
                                    "unmatched", "unmatched_tensors", "zero_points", "placement")}
     summary.update(file=qdq_path.name, vs_tflite_int8=vs_tfl)
     info["onnx"]["int8_qdq"] = summary
     report.accelerator["qdq"] = {**summary, "matched_tensors": fig["matched_tensors"]}
     report.golden = {"count": g, "reference_path": golden.reference_path, "atol": QDQ_GOLDEN_ATOL,
-                     "qdq_vs_tflite_int8": {k: vs_tfl[k] for k in ("windows", "max_abs_diff", "argmax_agreement")}}
+                     "qdq_vs_tflite_int8": {k: vs_tfl[k] for k in ("windows", "max_abs_diff", "argmax_agreement")},
+                     "onnxruntime": ort_run}
     report.notes.append(
         f"int8 as explicit Q/DQ: {fig['qdq_pairs']} activation Q/DQ pairs and {fig['weights_per_channel']} "
         f"per-channel int8 weights; {fig['matched']} of {fig['activations']} ONNX activations matched to a "
@@ -166,8 +191,9 @@ def _int8_stage(ctx: StageInput) -> StageOutput:  # long: the Q/DQ checks and th
         "TFLite scale. The LSTM runs in float on TensorRT, Q/DQ only around it. Against the int8 TFLite model "
         f"on {vs_tfl['windows']} windows: max |diff| {vs_tfl['max_abs_diff']:.3g}, argmax agreement "
         f"{agree if agree is not None else 'n/a'} (tolerance {QDQ_VS_TFLITE_MAX_ABS}, "
-        f">= {QDQ_VS_TFLITE_ARGMAX}). Golden outputs come from onnxruntime; the board's engine is compared "
-        f"with atol {QDQ_GOLDEN_ATOL} (an assumption: nothing here ran on NVIDIA hardware).")
+        f">= {QDQ_VS_TFLITE_ARGMAX}). Golden outputs and these figures come from onnxruntime with graph "
+        "optimizations off (Q/DQ as float ops, no int8 kernel: the same on any compile host); the board's "
+        f"engine is compared with atol {QDQ_GOLDEN_ATOL} (an assumption: nothing here ran on NVIDIA hardware).")
     warnings = [] if report.drift.passed else ["drift over the gate for the int8 Q/DQ ONNX"]
     if not vs_tfl["passed"]:
         warnings.append(f"the int8 Q/DQ ONNX differs from the int8 TFLite model beyond the tolerance: max |diff| "
