@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Install everything the tests need and run them: the main suite in .venv (TensorFlow, the compiler),
 # then the board-side suite in .venv-board (pynq 4.0.0, numpy < 2, no TensorFlow), as a board has it.
-# The deploy tests also need Debian's openssh-server (scripts/sshd.sh installs it when missing).
+# The deploy tests also need Debian's openssh-server (scripts/sshd.sh installs it when missing), the
+# aarch64 and AVX2 checks QEMU and an aarch64 cross compiler (scripts/cross-tools.sh).
 # The main suite is tests/{unit,compile,emulated,deploy,hw} (the groups in tests/conftest.py; tests/board
 # skips there). Arguments go to both runs, e.g. `bash scripts/test.sh -m "not slow"`.
 set -euo pipefail
 source "$(dirname "$0")/venv.sh" compile,bench,dev
 bash scripts/board-venv.sh
 bash scripts/sshd.sh
+bash scripts/cross-tools.sh
 selects=0                     # a -m/-k selection may leave one of the runs with no test (pytest exit 5)
 for a in "$@"; do case $a in -m|-k|-m?*|-k?*) selects=1 ;; esac; done
 status=0
