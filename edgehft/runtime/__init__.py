@@ -47,7 +47,8 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
             coral: ``device`` = ``usb`` | ``usb:N`` | ``pci`` | ``pci:N``, ``emulate`` = run the int8 graph
             on this CPU).
     Raises:
-        InputError: ``emulate``/``device`` given for a board that runs on the host CPU (cpu); a
+        InputError: ``emulate``/``device`` given for a board that runs on the host CPU (cpu), or any option
+            the board's ``Runner`` does not take (e.g. ``overlay`` for a cpu board); a
             ``require_signature`` file that is not readable, or True for a bundle outside an install dir; a
             ``plan`` the bundle does not carry (the message lists its plans).
         BundleError: malformed bundle, files that do not match the manifest, or a board mismatch; a damaged plan
@@ -73,6 +74,7 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
         raise InputError(f"--emulate/--device apply to accelerator boards; {name} runs on this host's CPU",
                          hint="drop the option, or open a bundle compiled for an accelerator board")
     module = backend.load("runtime")
+    options = _checked_options(module.Runner, options, name)
     from edgehft.runtime.isolate import first_open
     from edgehft.runtime.plans import runner_plan
     if plan is None and b.manifest.plans and Path(path).resolve() != Path(path).absolute():
@@ -82,3 +84,24 @@ def open(bundle: str | Path | Bundle, board: str | None = None, *, threads: int 
     runner = module.Runner(run_b, spec, threads=threads, affinity=affinity, **options)
     runner.plan, runner.plan_source = name, source
     return runner
+
+
+def _checked_options(runner_type, options: dict, board: str) -> dict:
+    """``options`` without the None-valued ones ``runner_type.__init__`` does not take; any other option it does
+    not take is refused (a backend's ``Runner`` is constructed as ``Runner(bundle, board, threads=, affinity=,
+    **options)``), before anything is opened.
+
+    Raises:
+        InputError: an option the board's runner does not take (exit 3; the hint lists the ones it does).
+    """
+    import inspect
+    params = inspect.signature(runner_type.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return options
+    takes = [k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY
+             and k not in ("threads", "affinity")]
+    unknown = sorted(k for k, v in options.items() if k not in takes and v is not None)
+    if unknown:
+        raise InputError(f"option {', '.join(unknown)} does not apply to board {board}",
+                         hint=f"{board} takes {', '.join(takes) or 'no board options'}")
+    return {k: v for k, v in options.items() if k in takes or v is not None}

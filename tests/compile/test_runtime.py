@@ -90,6 +90,16 @@ def test_bad_affinity_is_an_input_error(deeplob_bundle):
         runtime.open(deeplob_bundle, affinity=[4096])
 
 
+def test_an_option_the_boards_runner_does_not_take_is_an_input_error(deeplob_bundle):
+    """runtime.open passes board options to the backend's Runner: one it does not take (a PYNQ overlay for a
+    cpu bundle) is exit 3 naming what the board takes, not a TypeError reported as a corrupt model."""
+    with pytest.raises(InputError, match="option overlay does not apply to board cpu") as e:
+        runtime.open(deeplob_bundle, overlay="x.bit")
+    assert e.value.exit_code == 3 and "op_resolver" in e.value.hint
+    with runtime.open(deeplob_bundle, overlay=None) as r:          # an option not given is no option
+        assert r.describe()["board"] == "cpu"
+
+
 def test_closed_runner_refuses(deeplob_bundle, deeplob_windows):
     r = runtime.open(deeplob_bundle)
     r.close()
