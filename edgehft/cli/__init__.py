@@ -9,7 +9,9 @@
 
 The command modules import :mod:`edgehft.cli.common`, never this package, so there is no import cycle.
 """
-from edgehft.cli.common import main
+from edgehft.cli.common import drop_clashing_board_options, main
 from edgehft.cli import compile, deploy, inspect, run, sign  # noqa: F401,E402  (each registers its commands)
+
+drop_clashing_board_options(main)     # a backend's option may not shadow edgehft's own or an earlier backend's
 
 __all__ = ["main"]

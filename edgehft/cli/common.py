@@ -73,32 +73,65 @@ overlay_opt = click.option("--overlay", default=None, type=click.Path(dir_okay=F
                                 "file's [runtime] overlay_dir.")
 
 
-def _board_option_sets() -> list:
-    """Every installed backend's :class:`~edgehft.board_options.BoardOptions` (a plugin whose options do not
-    load adds none: its boards then take none)."""
+def _board_option_sets(named: bool = False) -> list:
+    """Every installed backend's :class:`~edgehft.board_options.BoardOptions` (with ``named``: (backend name,
+    options) pairs), in backend order; a plugin whose options do not load adds none: its boards then take none."""
     from edgehft import backends
     try:
-        return [opts for _, opts in backends.stage_of_each("board_options")]
-    except Exception:                       # a broken plugin must not take the whole CLI down
+        found = backends.stage_of_each("board_options")
+    except Exception:                       # a broken plugin metadata must not take the whole CLI down
         return []
+    return found if named else [opts for _, opts in found]
 
 
-def _click_option(o):
+def _click_option(o, backend: str):
     kinds = {"int": dict(type=click.IntRange(min=o.minimum)), "flag": dict(is_flag=True, default=None),
              "file": dict(type=click.Path(exists=True, dir_okay=False)), "text": {}}
-    return click.option(*o.flags, o.dest, help=o.help, **{"default": None, **kinds.get(o.kind, {})})
+    add = click.option(*o.flags, o.dest, help=o.help, **{"default": None, **kinds.get(o.kind, {})})
+
+    def apply(fn):
+        fn = add(fn)
+        fn.__click_params__[-1].edgehft_backend = backend        # whose option: see drop_clashing_board_options
+        return fn
+    return apply
 
 
 def board_opts(command: str):
     """Decorator: every backend's own options (:mod:`edgehft.board_options`) that ``command`` takes, in
-    backend order; their values reach the command in its ``**board_values``."""
+    backend order; their values reach the command in its ``**board_values``. One that clashes with an option
+    of the command is dropped when the CLI is assembled (:func:`drop_clashing_board_options`)."""
     def add(fn):
-        for opts in reversed(_board_option_sets()):
+        for backend, opts in reversed(_board_option_sets(named=True)):
             for o in reversed(opts.options):
                 if command in o.commands:
-                    fn = _click_option(o)(fn)
+                    fn = _click_option(o, backend)(fn)
         return fn
     return add
+
+
+def drop_clashing_board_options(group: click.Group) -> list[str]:
+    """Remove from every command of ``group`` the backends' options whose spelling or name is already taken
+    (by edgehft's own options, then by an earlier backend's: built-ins first), so a plugin cannot shadow
+    ``--timeout`` or Coral's ``-m``. Returns one warning per option dropped (also written to stderr)."""
+    warnings = []
+    for cmd in group.commands.values():
+        own = [p for p in cmd.params if not getattr(p, "edgehft_backend", None)]
+        taken = {n for p in own for n in (p.name, *p.opts, *p.secondary_opts)}
+        keep = []
+        for p in cmd.params:
+            backend = getattr(p, "edgehft_backend", None)
+            names = {p.name, *p.opts, *p.secondary_opts}
+            if backend and names & taken:
+                warnings.append(f"warning: backend {backend!r}'s option {'/'.join(p.opts)} clashes with another "
+                                f"option of `edgehft {cmd.name}` and is ignored (the backend must rename it)")
+                continue
+            if backend:
+                taken |= names
+            keep.append(p)
+        cmd.params[:] = keep
+    for w in warnings:
+        click.echo(w, err=True)
+    return warnings
 
 
 def board_options_of(values: dict) -> dict:

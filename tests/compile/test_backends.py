@@ -211,6 +211,32 @@ def test_a_plugin_that_raises_at_import_is_exit_7_and_leaves_the_others_options(
     assert h.returncode == 0 and "--min-runtime" in h.stdout and "Traceback" not in h.stderr
 
 
+def test_a_plugin_option_cannot_shadow_edgehfts_or_an_earlier_backends(tmp_path):
+    """A plugin declaring --timeout (compile's own) and -m (Coral's) gets both dropped, each with a warning
+    naming it; its option that clashes with nothing is there, and edgehft's own keep their meaning."""
+    (tmp_path / "clash_opts").mkdir()
+    (tmp_path / "clash_opts" / "__init__.py").write_text(
+        "from edgehft.backends import Backend\n"
+        "from edgehft.board_options import BoardOptions, Option\n"
+        "BACKEND = Backend('clash', 'clash_opts.runtime', 'clash_opts:STAGE', 'clash_opts:probe',\n"
+        "                  board_options='clash_opts:OPTIONS')\n"
+        "OPTIONS = BoardOptions(owner='CLASH', keys=('t', 'm', 'ok'), options=(\n"
+        "    Option(('--timeout',), 't', help='shadows compile --timeout'),\n"
+        "    Option(('--my-runtime', '-m'), 'm', help='shadows Coral -m'),\n"
+        "    Option(('--clash-ok',), 'ok', help='CLASH boards: a fine option')))\n")
+    info = tmp_path / "clash_opts-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: clash-opts\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[edgehft.backends]\nclash = clash_opts:BACKEND\n")
+    h = _cli(tmp_path, "compile", "--help")
+    assert h.returncode == 0, h.stderr
+    said = " ".join(h.stderr.split())
+    assert "backend 'clash''s option --timeout clashes with another option of `edgehft compile`" in said
+    assert "backend 'clash''s option --my-runtime/-m clashes" in said
+    assert "--clash-ok" in h.stdout and "--my-runtime" not in h.stdout
+    assert "Converter time limit" in h.stdout and "edgetpu_compiler -m" in h.stdout     # edgehft's and Coral's
+
+
 def test_the_null_plugin_is_found_through_its_entry_point(on_path):
     assert "null" in backends.names()
     b = backends.get("null")
