@@ -21,6 +21,13 @@ holds it to, each refusal a :class:`~edgehft.errors.BundleError` (exit 6) with a
   size, an array for every input and output with the spec's dtype and ``(count, *shape[1:])``, finite
   values, a readable ``.npz`` without pickled objects.
 
+- ``plans`` (a bundle that carries several execution plans): one entry without ``dir``, the manifest's own
+  plan (the top level); each other entry's ``dir`` is exactly ``plans/<name>`` with its ``manifest.json``
+  listed in ``files``; :meth:`Bundle.plan` opens that sub-bundle only if its manifest has the listed SHA-256,
+  passes these same rules, carries no plans itself, has the top level's board, backend and I/O names and the
+  plan's mode, and lists no file the top manifest does not list with the same SHA-256 (so verifying the top
+  level verifies every plan, and a signature over it covers them all).
+
 Readers open bundle files through :meth:`Bundle.resolve`, which refuses any path the manifest does not
 list or that leaves the bundle. A tensor ``index`` is checked against the interpreter that opens the model
 with :func:`check_io_details` (the manifest alone cannot know the model's tensors).

@@ -626,9 +626,10 @@ class Store:
                               hint="the transfer or the box's storage corrupted the bundle; deploy again "
                                    "(nothing was switched)") from None
         # anything but a directory counts: a FIFO, socket or device node the manifest does not list is refused too
-        extra = sorted(str(p.relative_to(path)) for p in path.rglob("*")
-                       if (p.is_symlink() or not p.is_dir()) and p.name != MANIFEST
-                       and str(p.relative_to(path)) not in b.manifest.files and str(p.relative_to(path)) != SIGNATURE)
+        # only the top manifest is unlisted: a plans/<plan>/manifest.json is listed like any other file
+        extra = sorted(rel for rel in (str(p.relative_to(path)) for p in path.rglob("*")
+                                       if p.is_symlink() or not p.is_dir())
+                       if rel not in b.manifest.files and rel not in (MANIFEST, SIGNATURE))
         if extra:
             raise DeployError(f"verification failed on the box: files not in the manifest: {', '.join(extra)}")
         return {"version": vid, "files": len(b.manifest.files) + 1,

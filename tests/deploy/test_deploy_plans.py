@@ -192,3 +192,36 @@ def test_a_single_plan_bundle_deploys_as_before(box, mlp, tmp_path):
     assert not (box[2] / "plan").exists()
     st = _status(box)
     assert st["active_plan"] == {"plan": "int8", "how": "only", "plans": ["int8"]}
+
+
+def test_the_box_refuses_an_unlisted_manifest_json_inside_a_plan(plan_bundles, tmp_path):
+    """Only the top manifest may be unlisted: a manifest.json anywhere else that the manifest does not list
+    (a plan directory the top level does not name) is refused at verify, exit 9."""
+    from edgehft.deploy.store import Store
+    from edgehft.errors import DeployError
+    store = Store(tmp_path / "install")
+    vid = "20261201T000000Z-0123456789ab-cdef"
+    staged = store.incoming / vid
+    shutil.copytree(plan_bundles["v1"], staged)
+    assert store.verify(vid)["files"] == len(load_bundle(staged).manifest.files) + 1
+    (staged / "plans" / "ghost").mkdir()
+    shutil.copy(staged / MANIFEST, staged / "plans" / "ghost" / MANIFEST)
+    with pytest.raises(DeployError, match=r"files not in the manifest: plans/ghost/manifest.json") as e:
+        store.verify(vid)
+    assert e.value.exit_code == 9
+
+
+def test_record_plan_refuses_a_forced_plan_that_was_not_timed(plan_bundles, tmp_path):
+    from edgehft.deploy.store import Store
+    from edgehft.errors import DeployError
+    store = Store(tmp_path / "install")
+    vid = "20261201T000000Z-0123456789ab-cdef"
+    shutil.copytree(plan_bundles["v1"], store.incoming / vid)
+    timed = {"measured": {"float": {"p50_us": 1.0, "p99_us": 2.0, "p99.9_us": 3.0, "mean_us": 1.1,
+                                    "p99_over_p50": 2.0}}, "pinned_cpu": 0, "rounds": 10, "windows": 16}
+    with pytest.raises(DeployError, match="the forced plan 'int8' was not timed on the box"):
+        store.record_plan(vid, timed, forced="int8")
+    assert not (tmp_path / "install" / "plan" / f"{vid}.json").exists()
+    rec = store.record_plan(vid, timed, select="p99.9")
+    assert rec["plan"] == "float" and rec["how"] == "timed" and rec["select"] == "p99.9"
+    assert json.loads((tmp_path / "install" / "plan" / f"{vid}.json").read_text()) == rec
