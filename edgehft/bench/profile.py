@@ -203,10 +203,10 @@ def profile_runner(runner, x: np.ndarray | None, *, rounds: int = 200, warmup: i
         layers = {o["index"]: o.get("layer") for o in runner.bundle.report().get("ops", [])}
     except Exception:  # noqa: BLE001 - the layer column is a convenience
         pass
-    steps = getattr(runner, "_steps", None)
-    if steps is not None:
-        return _profile_steps(runner, x, rounds, warmup)
-    model_file = runner._loaded_model_file()
+    target = runner.profile_target()
+    if "steps" in target:
+        return _profile_steps(runner, target, x, rounds, warmup)
+    model_file = target["model_file"]
     res = profile_tflite(model_file, raw_windows(runner, x), threads=runner.threads,
                          op_resolver=getattr(runner, "op_resolver", "auto"), rounds=rounds, warmup=warmup,
                          layers=layers)
@@ -214,21 +214,20 @@ def profile_runner(runner, x: np.ndarray | None, *, rounds: int = 200, warmup: i
     return res
 
 
-def _profile_steps(runner, x, rounds: int, warmup: int) -> dict:
+def _profile_steps(runner, target: dict, x, rounds: int, warmup: int) -> dict:
     """A chain of steps — PYNQ (CPU segment invoke, or FPGA kernel call with its copies) or the cpu board's
     native plans (LiteRT segments, native kernel calls): time each step. Where the runner has bound its
-    chain (``_bound_steps``), the calls timed are the ones ``predict`` makes (a view takes no call: 0 µs);
+    chain (``target["bound"]``), the calls timed are the ones ``predict`` makes (a view takes no call: 0 µs);
     otherwise each step through ``run_step``, name lookups included."""
     windows = raw_windows(runner, x)
-    names = runner.chain_input_names
-    steps = runner._steps
-    bound = getattr(runner, "_bound_steps", None)
+    names, steps, run_step = target["input_names"], target["steps"], target["run_step"]
+    bound, staging = target.get("bound"), target.get("staging_in")
     lat = np.zeros((rounds, len(steps)), dtype=np.int64)
     perf = time.perf_counter_ns
     for r in range(-warmup, rounds):
         window = windows[r % len(windows)]
         if bound is not None:
-            for buf, w in zip(runner._staging_in, window):
+            for buf, w in zip(staging, window):
                 np.copyto(buf, np.asarray(w).reshape(buf.shape))
             for k, call in enumerate(bound):
                 if call is not None:
@@ -240,7 +239,7 @@ def _profile_steps(runner, x, rounds: int, warmup: int) -> dict:
         env = dict(zip(names, window))
         for k, (kind, st, h) in enumerate(steps):
             t0 = perf()
-            runner.run_step(kind, st, h, env)
+            run_step(kind, st, h, env)
             if r >= 0:
                 lat[r, k] = perf() - t0
     segs = []

@@ -150,6 +150,13 @@ class Runner:
     board: str = "?"
     emulated: bool = False
 
+    # A backend's Runner is constructed by :func:`edgehft.runtime.open` as ``Runner(bundle, board, threads=,
+    # affinity=, **options)``: ``bundle`` a verified :class:`~edgehft.bundle.Bundle`, ``board`` its
+    # :class:`~edgehft.boards.Board`; ``options`` are the keyword-only parameters its ``__init__`` declares
+    # (e.g. cpu ``op_resolver``, coral ``device``/``emulate``, pynq ``overlay``/``emulate``; one it does not
+    # declare is refused, exit 3). It sets ``inputs``/``outputs`` (InputSlot/OutputSlot on its buffers),
+    # implements ``_invoke`` and, for ``bench --profile``, :meth:`profile_target`.
+
     def __init__(self, bundle: Bundle, board, *, threads: int = 1, affinity: list[int] | None = None):
         self.bundle = bundle
         self.board_spec = board
@@ -190,6 +197,23 @@ class Runner:
 
     def _invoke(self) -> None:
         raise NotImplementedError
+
+    def profile_target(self) -> dict:
+        """What ``bench --profile`` times (:func:`edgehft.bench.profile.profile_runner`), one of:
+
+        - ``{"model_file": Path}``: a TFLite model LiteRT runs whole (timed op by op in a profiling
+          interpreter of its own, on the same threads and op resolver);
+        - ``{"steps": [(kind, step, handle), ...], "input_names": [str], "run_step": fn(kind, step, handle,
+          env)}`` for a chain of steps (PYNQ segments and kernels, the cpu board's native plans), each step
+          timed through ``run_step``; with ``"bound": [callable or None]`` and ``"staging_in": [ndarray]``
+          the calls ``predict`` itself makes (reading the inputs from ``staging_in``; None: a view, 0 µs).
+
+        Raises:
+            BoardUnavailableError: the board's runner exposes nothing to profile (the base's answer).
+        """
+        from edgehft.errors import BoardUnavailableError
+        raise BoardUnavailableError(f"board {self.board}'s runner has no per-op profile",
+                                    hint="bench it without --profile")
 
     def _bind_fast_paths(self) -> None:
         """For one input and one output whose buffers are the interpreter's own, replace ``predict`` and

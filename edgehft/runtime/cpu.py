@@ -112,6 +112,15 @@ class Runner(_Runner):
     def chain_input_names(self) -> list[str]:
         return list(self._chain.inputs)
 
+    def profile_target(self) -> dict:
+        """The model LiteRT runs (a whole-model plan), or the native chain's steps with the calls ``predict``
+        makes (see :meth:`edgehft.runtime.base.Runner.profile_target`)."""
+        steps = self._steps
+        if steps is None:
+            return {"model_file": self._loaded_model_file()}
+        return {"steps": steps, "input_names": self.chain_input_names, "run_step": self.run_step,
+                "bound": getattr(self, "_bound_steps", None), "staging_in": getattr(self, "_staging_in", None)}
+
     def _bind_float_fast_path(self) -> None:
         """Float plans (``--quant dynamic``/``float``, or ``auto`` choosing one): one float32 input and output.
         ``predict`` then does a type/shape check, one reduction for the finiteness check (NaN/inf propagate

@@ -272,6 +272,11 @@ class Runner(_Runner):
     def chain_input_names(self) -> list[str]:
         return [t["name"] for t in self.graph["inputs"]]
 
+    def profile_target(self) -> dict:
+        """The steps of ``steps.json`` (CPU segments, FPGA kernel calls with their copies), each through
+        :meth:`run_step` (see :meth:`edgehft.runtime.base.Runner.profile_target`)."""
+        return {"steps": self._steps, "input_names": self.chain_input_names, "run_step": self.run_step}
+
     def _invoke(self) -> None:
         env = {t["name"]: buf for t, buf in zip(self.graph["inputs"], self._staging_in)}
         for kind, st, h in self._steps:
