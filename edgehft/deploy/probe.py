@@ -11,13 +11,17 @@ the built-ins' are in :mod:`edgehft.deploy.probe_rules`):
 - Coral: Edge TPUs on USB (``/sys/bus/usb/devices/*/idVendor:idProduct`` = ``1a6e:089a`` before the runtime
   loads its firmware, ``18d1:9302`` after) and on PCIe (``/dev/apex_N``, the gasket driver's nodes);
 - everything: CPU architecture, Python, and the versions of edgehft and the runtime packages installed
-  (read from package metadata, without importing them).
+  (read from package metadata, without importing them);
+- the cpu board's native plans: whether the box's edgehft has a kernel library it can load (the prebuilt
+  one a platform wheel or an editable install ships, or one built before) and which SIMD targets it runs
+  there, else whether it could build one (a C++ compiler and Google Highway's headers).
 """
 from __future__ import annotations
 
 import os
 import platform
 import shutil
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -25,7 +29,8 @@ from pathlib import Path
 from edgehft.deploy.probe_rules import read_text
 from edgehft.deploy.probe_rules.jetson import parse_l4t   # public here since before the rules moved
 
-__all__ = ["PACKAGES", "board_mismatches", "parse_l4t", "probe_box"]
+__all__ = ["PACKAGES", "amx_missing", "board_mismatches", "kernels_missing", "native_kernels", "parse_l4t",
+           "probe_box"]
 
 PACKAGES = ("edgehft", "ai-edge-litert", "tflite-runtime", "numpy", "pynq", "tensorrt", "pycoral")
 
@@ -50,21 +55,63 @@ def _cpu_flags(root: Path) -> list[str] | None:
     return []
 
 
+def _highway_headers(cxx: str) -> bool:
+    """Whether ``cxx`` finds Google Highway's headers (``#include <hwy/highway.h>`` preprocesses)."""
+    try:
+        res = subprocess.run([cxx, "-x", "c++", "-E", "-o", os.devnull, "-"], input="#include <hwy/highway.h>\n",
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return res.returncode == 0
+
+
+def native_kernels() -> dict:
+    """What this machine's edgehft has for the cpu board's native plans (JSON-able; never builds anything).
+
+    Returns:
+        ``{"prebuilt": path of the prebuilt library matching these sources or None, "cached": path of one
+        built here before or None, "targets": the SIMD targets the loaded library runs on this CPU, best
+        first (e.g. ``["avx3", "avx2", "scalar"]``), or None when there is no library or it does not load,
+        "error": why it did not load or None, "compiler": the C++ compiler on PATH or None, "highway":
+        whether that compiler finds Highway's headers (None when not asked: a library is there, or no
+        compiler)}``.
+    """
+    cxx = shutil.which(os.environ.get("CXX", "g++"))
+    found = {"prebuilt": None, "cached": None, "targets": None, "error": None, "compiler": cxx, "highway": None}
+    try:
+        from edgehft.kernels.cpu import build
+        pre = build.prebuilt_library()
+        cached = build.library_path()
+        found["prebuilt"] = str(pre) if pre else None
+        found["cached"] = str(cached) if cached.is_file() else None
+        if pre or found["cached"]:
+            found["targets"] = build.targets()
+    except Exception as exc:            # a library that does not load must not hide the box from deploy
+        found["error"] = str(exc).splitlines()[0][:300]
+    if found["targets"] is None and cxx:
+        found["highway"] = _highway_headers(cxx)
+    return found
+
+
 def probe_box(root: str | Path = "/") -> dict:
     """Facts about the machine this runs on (JSON-able).
 
     Returns:
         ``{"arch", "hostname", "python", "packages": {name: version}, the backends' own facts (built-ins:
         "edgetpu": {"usb": n, "pci": n}, "pynq_board", "l4t", "device_tree_model"), "cxx" (the C++ compiler that
-        builds native kernels on first open), "cpu_flags" (the native kernels' ISA flags the CPU reports:
-        avx512f, amx_tile, amx_bf16), "bundle_format_version"}``; fields the box does not have are None.
+        builds native kernels when no library is there), "native_kernels" (:func:`native_kernels`),
+        "cpu_flags" (the native kernels' ISA flags the CPU reports: avx512f, amx_tile, amx_bf16),
+        "bundle_format_version"}``; fields the box does not have are None (``cxx`` and ``native_kernels``
+        are facts of this machine: None when ``root`` is not ``/``).
     """
     from edgehft.bundle import FORMAT_VERSION
     root = Path(root)
     facts = {"arch": platform.machine(), "hostname": platform.node(), "python": sys.version.split()[0],
              "packages": _versions()}
     facts.update(_backend_facts(root))
-    facts.update({"cxx": shutil.which(os.environ.get("CXX", "g++")) if root == Path("/") else None,
+    here = root == Path("/")
+    facts.update({"cxx": shutil.which(os.environ.get("CXX", "g++")) if here else None,
+                  "native_kernels": native_kernels() if here else None,
                   "cpu_flags": _cpu_flags(root), "bundle_format_version": FORMAT_VERSION})
     return facts
 
@@ -87,14 +134,57 @@ def _backend_facts(root: Path) -> dict:
     return found
 
 
-def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_cxx: bool = False,
-                     needs_amx: bool = False) -> list[str]:
+_KERNELS_HINT = ("install edgehft there from its platform wheel (built on a host with g++ and libhwy-dev), "
+                 "or install g++ and libhwy-dev on the box, or compile with --quant dynamic")
+
+
+def kernels_missing(facts: dict) -> str | None:
+    """Why the box in ``facts`` cannot run native kernels, or None when it can: its edgehft has a kernel
+    library that loads there (``facts["native_kernels"]["targets"]``), or a C++ compiler that finds
+    Highway's headers to build one at first open. A box whose edgehft predates ``native_kernels`` (it
+    builds the kernels with g++ at first open) needs ``facts["cxx"]``."""
+    nk = facts.get("native_kernels")
+    if not isinstance(nk, dict):
+        if facts.get("cxx"):
+            return None
+        return ("no C++ compiler (g++) on the box to build the bundle's native kernels (its edgehft "
+                f"{facts.get('packages', {}).get('edgehft', '?')} builds them at first open); " + _KERNELS_HINT)
+    if nk.get("targets"):
+        return None
+    if nk.get("compiler") and nk.get("highway"):
+        return None
+    lib = (f"its kernel library does not load ({nk['error']})" if nk.get("error") else
+           "no prebuilt kernel library matching its sources")
+    cannot = ("no C++ compiler (g++)" if not nk.get("compiler") else
+              f"Google Highway's headers missing (the compiler {nk['compiler']} finds no hwy/highway.h)")
+    return f"the box's edgehft has {lib} and cannot build one: {cannot}; " + _KERNELS_HINT
+
+
+def amx_missing(facts: dict) -> str | None:
+    """Why the box in ``facts`` cannot run the native-bf16 plan's AMX-BF16 convs (from the CPU flags it
+    reports, and the targets its kernel library runs when it reports them), or None."""
+    flags = facts.get("cpu_flags")
+    if flags is not None and not {"amx_tile", "amx_bf16"} <= set(flags):
+        return ("the box's CPU has no AMX-BF16 (cpu flags: " + (", ".join(flags) or "none of avx512f/amx") +
+                "): the bundle's native-bf16 plan would run its convs on the portable loop, several times slower "
+                "than LiteRT; compile with --quant auto on a host like the box, or --quant native")
+    targets = (facts.get("native_kernels") or {}).get("targets")
+    if targets and "amx" not in targets:
+        return ("the box's native kernels cannot use AMX there (they run: " + ", ".join(targets) + "; Linux must "
+                "grant AMX tile data): the bundle's native-bf16 plan would run its convs without AMX; compile "
+                "with --quant auto on a host like the box, or --quant native")
+    return None
+
+
+def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_kernels: bool = False,
+                     needs_amx: bool = False, needs_cxx: bool = False) -> list[str]:
     """Why the box described by ``facts`` is not ``board`` (empty when it is).
 
-    Every box needs an edgehft that reads the bundle's format version; ``needs_cxx`` (a cpu bundle on a
-    native plan, whose kernels are built on the box at first open): a C++ compiler; ``needs_amx`` (the
-    native-bf16 plan): a CPU with AMX-BF16 (when the box reports its flags). What makes a box the board
-    is the board's backend's own probe (:mod:`edgehft.backends`, ``probe``; the built-ins' rules are in
+    Every box needs an edgehft that reads the bundle's format version; ``needs_kernels`` (a cpu bundle
+    whose every plan the box may run is native): a native kernel library that loads there, or what builds
+    one (:func:`kernels_missing`); ``needs_amx`` (the native-bf16 plan): a CPU with AMX-BF16 the kernels can
+    use (:func:`amx_missing`). ``needs_cxx`` is the older name of ``needs_kernels``. What makes a box the
+    board is the board's backend's own probe (:mod:`edgehft.backends`, ``probe``; the built-ins' rules are in
     :mod:`edgehft.deploy.probe_rules`: a LiteRT interpreter on every box but a Jetson, plus PYNQ's ``BOARD``,
     the Jetson's L4T release and module, an Edge TPU on the Coral board's bus).
 
@@ -107,13 +197,9 @@ def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_c
     if facts.get("bundle_format_version", 0) < bundle_format_version:
         why.append(f"the box's edgehft {pk.get('edgehft', '?')} reads bundle format "
                    f"{facts.get('bundle_format_version')}; this bundle is format {bundle_format_version}")
-    if needs_amx and facts.get("cpu_flags") is not None and not {"amx_tile", "amx_bf16"} <= set(facts["cpu_flags"]):
-        why.append("the box's CPU has no AMX-BF16 (cpu flags: " + (", ".join(facts["cpu_flags"]) or "none of "
-                   "avx512f/amx") + "): the bundle's native-bf16 plan would run its convs on the portable loop, "
-                   "several times slower than LiteRT; compile with --quant auto on a host like the box, or "
-                   "--quant native")
-    if needs_cxx and not facts.get("cxx"):
-        why.append("no C++ compiler (g++) on the box to build the bundle's native kernels; install g++ there, "
-                   "or compile with --quant dynamic")
+    for needed, rule in ((needs_amx, amx_missing), (needs_kernels or needs_cxx, kernels_missing)):
+        reason = rule(facts) if needed else None
+        if reason:
+            why.append(reason)
     probe = backends.get(board.backend).load("probe")
     return why + list(probe(board, facts))

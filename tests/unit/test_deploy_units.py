@@ -80,12 +80,64 @@ def test_board_identity_rules():
     # a native-bf16 bundle is format 2: a box whose edgehft reads format 1 is refused, other bundles are not
     assert "this bundle is format 2" in board_mismatches(load_board("cpu"), litert, 2)[0]
     assert board_mismatches(load_board("cpu"), litert, 1) == []
-    assert "no C++ compiler" in board_mismatches(load_board("cpu"), litert, needs_cxx=True)[0]
-    assert board_mismatches(load_board("cpu"), {**litert, "cxx": "/usr/bin/g++"}, needs_cxx=True) == []
-    no_amx = {**litert, "cxx": "/usr/bin/g++", "cpu_flags": ["avx512f"]}
-    assert "no AMX-BF16" in board_mismatches(load_board("cpu"), no_amx, needs_cxx=True, needs_amx=True)[0]
+
+
+
+def test_native_kernel_rules():
+    """A native bundle needs a kernel library that loads on the box, or g++ and Highway's headers to build
+    one; AMX-only plans need AMX the kernels can use. Boxes whose edgehft predates the native_kernels fact
+    build at first open, so they need g++."""
+    cpu = load_board("cpu")
+    litert = {"packages": {"edgehft": "0.3.0", "ai-edge-litert": "2.3.0"}, "bundle_format_version": 2}
+    none = {"prebuilt": None, "cached": None, "targets": None, "error": None, "compiler": None, "highway": None}
+    prebuilt = {**none, "prebuilt": "/opt/venv/edgehft/kernels/cpu/prebuilt/libedgehft_cpu.so",
+                "targets": ["avx3", "avx2", "scalar"]}
+    # prebuilt present, no g++: accepted
+    assert board_mismatches(cpu, {**litert, "cxx": None, "native_kernels": prebuilt}, needs_kernels=True) == []
+    assert board_mismatches(cpu, {**litert, "native_kernels": prebuilt}, needs_cxx=True) == []   # the older name
+    why = board_mismatches(cpu, {**litert, "native_kernels": none}, needs_kernels=True)
+    assert len(why) == 1 and "no prebuilt kernel library matching its sources" in why[0]
+    assert "no C++ compiler (g++)" in why[0] and "platform wheel" in why[0] and "libhwy-dev" in why[0]
+    assert board_mismatches(cpu, {**litert, "native_kernels": none}) == []            # not a native bundle
+    no_hwy = {**none, "compiler": "/usr/bin/g++", "highway": False}
+    assert "Highway's headers missing (the compiler /usr/bin/g++" in board_mismatches(
+        cpu, {**litert, "native_kernels": no_hwy}, needs_kernels=True)[0]
+    builds = {**no_hwy, "highway": True}
+    assert board_mismatches(cpu, {**litert, "native_kernels": builds}, needs_kernels=True) == []
+    broken = {**prebuilt, "targets": None, "error": "cannot load libedgehft_cpu.so: GLIBC_2.38 not found"}
+    assert "does not load (cannot load libedgehft_cpu.so: GLIBC_2.38" in board_mismatches(
+        cpu, {**litert, "native_kernels": broken}, needs_kernels=True)[0]
+    # an older box: no native_kernels fact, it builds at first open
+    old = {**litert, "packages": {**litert["packages"], "edgehft": "0.2.0"}}
+    assert "no C++ compiler (g++) on the box" in board_mismatches(cpu, old, needs_kernels=True)[0]
+    assert "edgehft 0.2.0 builds them" in board_mismatches(cpu, old, needs_kernels=True)[0]
+    assert board_mismatches(cpu, {**old, "cxx": "/usr/bin/g++"}, needs_kernels=True) == []
+    # AMX-only plans: refused without AMX-BF16, with the reason, whatever else the box has
+    no_amx = {**litert, "native_kernels": prebuilt, "cpu_flags": ["avx512f"]}
+    why = board_mismatches(cpu, no_amx, needs_kernels=True, needs_amx=True)
+    assert len(why) == 1 and "no AMX-BF16 (cpu flags: avx512f)" in why[0]
     amx = {**no_amx, "cpu_flags": ["amx_bf16", "amx_tile", "avx512f"]}
-    assert board_mismatches(load_board("cpu"), amx, needs_cxx=True, needs_amx=True) == []
+    assert "cannot use AMX there (they run: avx3, avx2, scalar" in board_mismatches(
+        cpu, amx, needs_kernels=True, needs_amx=True)[0]
+    amx["native_kernels"] = {**prebuilt, "targets": ["amx", "avx3_bf16", "avx3", "avx2", "scalar"]}
+    assert board_mismatches(cpu, amx, needs_kernels=True, needs_amx=True) == []
+    assert "no AMX-BF16" in board_mismatches(cpu, {**old, "cxx": "/usr/bin/g++", "cpu_flags": []},
+                                             needs_kernels=True, needs_amx=True)[0]
+
+
+def test_probe_reports_the_native_kernels_here(tmp_path, monkeypatch):
+    """probe_box's native_kernels fact on this machine: the library that loads and its targets, the
+    compiler; none of it for a directory tree (another machine's files)."""
+    from edgehft.kernels.cpu import build
+    facts = probe_box()["native_kernels"]
+    assert facts["targets"] == build.targets() and facts["error"] is None
+    assert facts["prebuilt"] == (str(build.prebuilt_library()) if build.prebuilt_library() else None)
+    assert probe_box(tmp_path)["native_kernels"] is None
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    monkeypatch.setattr(build, "prebuilt_library", lambda *a: None)
+    monkeypatch.setenv("EDGEHFT_CACHE", str(tmp_path / "empty-cache"))
+    assert probe_box()["native_kernels"] == {"prebuilt": None, "cached": None, "targets": None, "error": None,
+                                             "compiler": None, "highway": None}
 
 
 def test_inventory_formats(tmp_path):

@@ -46,6 +46,9 @@ CONV_ONLY = ("amx", "avx3_bf16")      # levels only the conv kernel has (the oth
 _LIBS: dict[str, ctypes.CDLL] = {}
 _FORCED: list = [None]            # the target set_target forced (None: the best), for force_target
 _HWY_HINT = "install Google Highway's headers (Debian: apt-get install libhwy-dev), or edgehft's prebuilt kernels"
+_NO_CXX_HINT = ("no prebuilt kernel library for this edgehft (edgehft/kernels/cpu/prebuilt/): reinstall edgehft "
+                "from its platform wheel (built where g++ and libhwy-dev are), or install g++ and libhwy-dev here "
+                "(apt-get install g++ libhwy-dev)")
 
 
 def sources() -> list[Path]:
@@ -95,7 +98,7 @@ def _compile(out: Path) -> None:
         for p in sources():
             shutil.copyfile(p, Path(d) / p.name)          # build_library compiles a directory
         try:
-            build_library(out, Path(d), NATIVE_FLAGS)
+            build_library(out, Path(d), NATIVE_FLAGS, no_compiler_hint=_NO_CXX_HINT)
         except BoardUnavailableError as exc:
             if "hwy/" in str(exc) and "No such file" in str(exc):
                 raise BoardUnavailableError(f"building {out.name}: Google Highway's headers are missing",
