@@ -18,8 +18,13 @@ so a lookup imports nothing heavy (no vendor library, no TensorFlow, no runtime)
   kind attached to this machine, as JSON-ready data (merged into ``boards --probe --json``) and lines;
 - ``board_options`` (optional): ``"module:attribute"`` naming its :class:`~edgehft.board_options.BoardOptions`,
   the command-line options only its boards take (added to ``compile`` and ``report``);
+- ``compiled_model`` (optional): ``"module:function"``, ``(model: TFLiteModel) -> str | None``: what a model
+  file was compiled for when it was compiled for its accelerator (``"the Edge TPU"``), else None: ``compile``
+  refuses such a file, ``report`` shows it through ``compiled_report``;
 - ``compiled_report`` (optional): ``"module:function"``, ``(model, path, cpu_model, as_json) -> bool``: shows a
   model file compiled for its accelerator (``report X_edgetpu.tflite``), False for any other model;
+- ``commands`` (optional): ``"module:attribute"`` naming a list of click commands of its own, added to the
+  ``edgehft`` command line (e.g. the jetson backend's ``build-engine``);
 - ``isolate``: what its first open of a bundle runs in a child process (see :mod:`edgehft.runtime.isolate`);
 - ``board_dirs``: extra directories of ``<name>.toml`` board files (a plugin ships its own boards).
 
@@ -64,7 +69,9 @@ class Backend:
         attached: ``"module:function"``, ``() -> (dict, list[str])``: its accelerators attached here (data,
             lines) for ``edgehft boards --probe``, or "" for none.
         board_options: ``"module:attribute"`` of its :class:`~edgehft.board_options.BoardOptions`, or "" for none.
+        compiled_model: ``"module:function"`` saying what a model file was compiled for, or "" for none.
         compiled_report: ``"module:function"`` showing a model compiled for its accelerator, or "" for none.
+        commands: ``"module:attribute"`` of a list of its own click commands, or "" for none.
         isolate: what the first open of a bundle on this machine runs in an isolated child, a tuple of
             ``"runner"`` (the whole runner, always), ``"emulated"`` (the whole runner under ``emulate``) and
             ``"cpu_steps"`` (the LiteRT models of the bundle's ``steps.json`` that run on the CPU); None (the
@@ -84,6 +91,8 @@ class Backend:
     identity: str = ""
     attached: str = ""
     board_options: str = ""
+    compiled_model: str = ""
+    commands: str = ""
     compiled_report: str = ""
 
     def load(self, stage: str):
@@ -109,6 +118,7 @@ BUILTIN = {
                      identity=_ref("deploy.probe_rules.coral:identity"),
                      attached=_ref("deploy.probe_rules.coral:attached"),
                      board_options=_ref("partition.coral_options:OPTIONS"),
+                     compiled_model=_ref("partition.coral_compiled:compiled_for"),
                      compiled_report=_ref("cli.report_coral:show_compiled"),
                      partitioner=_ref("partition.coral:PARTITIONER"), isolate=("emulated",)),
     "pynq": Backend("pynq", _ref("runtime.pynq"), _ref("compiler.stage_pynq:STAGE"),
@@ -119,6 +129,7 @@ BUILTIN = {
     "jetson": Backend("jetson", _ref("runtime.jetson"), _ref("compiler.stage_jetson:STAGE"),
                       _ref("deploy.probe_rules.jetson:probe"), facts=_ref("deploy.probe_rules.jetson:facts"),
                       identity=_ref("deploy.probe_rules.jetson:identity"),
+                      commands=_ref("cli.engine_jetson:COMMANDS"),
                       partitioner=_ref("partition.jetson:PARTITIONER"), isolate=()),
 }
 
@@ -258,6 +269,16 @@ def stage_of_each(stage: str) -> list:
         except BoardUnavailableError:
             continue
     return found
+
+
+def compiled_for(model) -> str | None:
+    """What accelerator the TFLite ``model`` (:class:`~edgehft.ir.TFLiteModel`) was compiled for, as the first
+    backend whose ``compiled_model`` recognises it says (``"the Edge TPU"``), or None for a plain model."""
+    for _, check in stage_of_each("compiled_model"):
+        what = check(model)
+        if what:
+            return what
+    return None
 
 
 def refuse_foreign_options(board, given: dict) -> None:

@@ -109,6 +109,28 @@ def board_opts(command: str):
     return add
 
 
+def add_backend_commands(group: click.Group) -> list[str]:
+    """Add every backend's own commands (its ``commands``, :mod:`edgehft.backends`) to ``group``; one whose name
+    is taken (by edgehft's or an earlier backend's) is left out. Returns one warning per command left out
+    (also written to stderr)."""
+    from edgehft import backends
+    warnings = []
+    try:
+        found = backends.stage_of_each("commands")
+    except Exception:                       # broken plugin metadata must not take the whole CLI down
+        return []
+    for backend, commands in found:
+        for cmd in commands:
+            if cmd.name in group.commands:
+                warnings.append(f"warning: backend {backend!r}'s command {cmd.name!r} clashes with "
+                                f"`edgehft {cmd.name}` and is ignored (the backend must rename it)")
+                continue
+            group.add_command(cmd)
+    for w in warnings:
+        click.echo(w, err=True)
+    return warnings
+
+
 def drop_clashing_board_options(group: click.Group) -> list[str]:
     """Remove from every command of ``group`` the backends' options whose spelling or name is already taken
     (by edgehft's own options, then by an earlier backend's: built-ins first), so a plugin cannot shadow

@@ -445,14 +445,14 @@ def _take_tflite(model: Path, x, board, opts):
     """An already quantized .tflite: checked and taken as is (no converter, no drift). It is validated
     (:mod:`edgehft.ir.validate`) and opened on each LiteRT kernel path in a child process first
     (:func:`edgehft.runtime.isolate.check_models`): one that is corrupt or crashes LiteRT is a ConverterError."""
-    from edgehft.ir.edgetpu_package import is_compiled
     from edgehft.ir.validate import InvalidModelError
     try:
         ir = TFLiteModel.from_file(model)
     except InvalidModelError as exc:
         raise ConverterError(exc.args[0], hint=exc.hint) from None
-    if is_compiled(ir):
-        raise InputError(f"{model} is already compiled for the Edge TPU",
+    compiled = backends.compiled_for(ir)
+    if compiled:
+        raise InputError(f"{model} is already compiled for {compiled}",
                          hint=f"inspect it with `edgehft report {model}`; compile the CPU model it came from")
     g = ir.main
     mode = "int8" if all(g.tensors[i].dtype in ("int8", "uint8") for i in g.inputs) else "float"

@@ -168,3 +168,10 @@ def _names(actual: CompiledPlacement, prediction) -> list[str]:
     by = {v.index: v.op for v in prediction.ops}
     return ["CUSTOM:" + EDGETPU_OP if isinstance(x, str) and x.startswith("edgetpu:") else
             (by[x] if isinstance(x, int) else x) for x in actual.layout]
+
+
+def compiled_for(model: TFLiteModel) -> str | None:
+    """``"the Edge TPU"`` when ``model`` holds an ``edgetpu-custom-op`` (an ``edgetpu_compiler`` output), else
+    None (the coral backend's ``compiled_model``, :mod:`edgehft.backends`)."""
+    from edgehft.ir.edgetpu_package import is_compiled
+    return "the Edge TPU" if is_compiled(model) else None

@@ -55,7 +55,7 @@ class OpVerdict:
     op: str
     version: int
     layer: str | None
-    status: str                        # compiler vocabulary (edgetpu_rules.STATUSES)
+    status: str                        # compiler vocabulary (coral_rules.STATUSES)
     code: str                          # our reason code
     detail: str                        # concrete values
     fix: str | None

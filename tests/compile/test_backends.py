@@ -449,9 +449,15 @@ def test_without_the_plugin_its_bundle_still_reports(plugin, null_bundle):
     assert be.returncode == 3 and "is for null (null), not a Jetson board" in " ".join(be.stderr.split())
 
 
-DISPATCH = ("runtime/__init__.py", "boards.py", "deploy/probe.py", "compiler/pipeline.py", "bundle_checks.py",
-            "cli/inspect.py", "cli/deploy.py", "cli/compile.py", "compiler/stage.py", "report.py",
-            "runtime/isolate.py")
+DISPATCH = ("runtime/__init__.py", "runtime/base.py", "runtime/litert.py", "runtime/isolate.py", "runtime/plans.py",
+            "boards.py", "bundle.py", "bundle_checks.py", "board_options.py", "windows.py", "signing.py", "report.py",
+            "compiler/pipeline.py", "compiler/stage.py", "compiler/golden.py", "compiler/drift.py",
+            "compiler/worker.py", "compiler/isolate.py",
+            "cli/__init__.py", "cli/common.py", "cli/compile.py", "cli/run.py", "cli/inspect.py", "cli/deploy.py",
+            "cli/sign.py", "bench/replay.py", "bench/profile.py", "bench/fingerprint.py",
+            "hil/checks.py", "hil/plugin.py", "hil/target.py", "hil/options.py", "hil/summary.py",
+            "deploy/deploy.py", "deploy/agent.py", "deploy/store.py", "deploy/remote.py", "deploy/probe.py",
+            "deploy/ssh.py", "deploy/inventory.py")
 KINDS = {"cpu", "coral", "pynq", "jetson", "edgetpu"}
 
 

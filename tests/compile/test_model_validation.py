@@ -224,8 +224,8 @@ def test_real_models_pass(fuzz_models):
 
 
 # -- report: the three IndexError sites ---------------------------------------------------------------------
-REPORT_SITES = [   # where `edgehft report` raised IndexError before: partition/edgetpu.py (_own_refusal, and
-    # predict's op output lookup) and cli_inspect.py (_print_tensors, --tensors)
+REPORT_SITES = [   # where `edgehft report` raised IndexError before: partition/coral_predict.py, then partition/edgetpu.py (_own_refusal, and
+    # predict's op output lookup) and cli/inspect.py, then cli_inspect.py (_print_tensors, --tensors)
     ("op input past the tensors", lambda m: _g(m).operators[0].inputs.__setitem__(0, 40), []),
     ("op output past the tensors", lambda m: _g(m).operators[2].outputs.__setitem__(0, 40), []),
     ("--tensors, op output past the tensors", lambda m: _g(m).operators[2].outputs.__setitem__(0, 40),

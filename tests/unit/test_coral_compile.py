@@ -181,3 +181,14 @@ def test_uint8_windows_for_a_uint8_model_are_raw_inputs(tmp_path, monkeypatch):
     from edgehft.errors import InputError
     with pytest.raises(InputError, match="windows are int8"):
         compile_model(LSTM, [tmp_path / "i8.npy"], tmp_path / "c", CompileOptions(board="coral-usb"))
+
+
+@pytest.mark.parametrize("board", ["cpu", "coral-usb"])
+def test_a_model_already_compiled_for_the_edge_tpu_is_refused(tmp_path, board):
+    """compile takes a .tflite as is, but not one an edgetpu_compiler already compiled: the coral backend
+    recognises it (its ``compiled_model``) and the message says what it was compiled for (exit 3)."""
+    from edgehft.errors import InputError
+    compiled = TEST_DATA / "deeplabv3_mnv2_dm05_pascal_quant_edgetpu.tflite"
+    with pytest.raises(InputError, match=r"is already compiled for the Edge TPU") as e:
+        compile_model(compiled, [], tmp_path / "b", CompileOptions(board=board))
+    assert e.value.exit_code == 3 and "edgehft report" in e.value.hint and not (tmp_path / "b").exists()
