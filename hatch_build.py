@@ -11,11 +11,14 @@ What it does, by wheel version (``[tool.hatch.build.targets.wheel.hooks.custom]`
 * editable install (``pip install -e .``): builds them into the source tree's
   ``edgehft/kernels/cpu/prebuilt/`` (git-ignored), unless a library matching the sources is already there.
 
-When the library cannot be built (no ``g++``, no Highway headers, a compile error) the build stops with
-the reason and what to do: a wheel without the library would need g++ and libhwy-dev on every box that
-opens a native bundle. ``EDGEHFT_SKIP_NATIVE_KERNELS=1`` builds it anyway without the library (a pure
+When the library cannot be built (no ``g++``, no Highway headers, a compile error), a standard wheel's build
+stops with the reason and what to do: a wheel without the library would need g++ and libhwy-dev on every box
+that opens a native bundle. ``EDGEHFT_SKIP_NATIVE_KERNELS=1`` builds it anyway without the library (a pure
 ``py3-none-any`` wheel, with a warning): native bundles then build the library on first open, which needs
-g++ and libhwy-dev on the box, and ``edgehft deploy`` refuses them on a box that has neither.
+g++ and libhwy-dev on the box (without them that open is exit 7 saying so), and ``edgehft deploy`` refuses
+them on a box that has neither. An editable install goes on with a warning instead (``pip install -v``
+shows it): a checkout is a development tree, whose first native open builds the library as before or
+says what is missing.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ if sys.argv[3] == "if-stale" and prebuilt_library(sys.argv[2]) is not None:
 try:
     build_all(sys.argv[2])
 except EdgeHFTError as exc:
-    print(exc.args[0] + (" (" + exc.hint + ")" if exc.hint else ""), file=sys.stderr)
+    print(exc.args[0] + ("; " + exc.hint if exc.hint else ""), file=sys.stderr)
     raise SystemExit(1)
 print("built")
 """
@@ -90,9 +93,9 @@ class CustomBuildHook(BuildHookInterface):
     PLUGIN_NAME = "custom"
 
     def initialize(self, version: str, build_data: dict) -> None:
-        """Before the wheel is built: build the library and ship it (see the module docstring). Aborts the
-        build (exit 1, the reason on stderr) when it cannot be built and ``EDGEHFT_SKIP_NATIVE_KERNELS`` is
-        not set."""
+        """Before the wheel is built: build the library and ship it (see the module docstring). Aborts a
+        standard wheel's build (exit 1, the reason on stderr) when it cannot be built and
+        ``EDGEHFT_SKIP_NATIVE_KERNELS`` is not set; an editable one goes on with a warning."""
         if self.target_name != "wheel":
             return
         if os.environ.get(SKIP_ENV, "").strip() not in ("", "0"):
@@ -108,6 +111,11 @@ class CustomBuildHook(BuildHookInterface):
             said = build_kernels(self.root, dest, only_if_stale=editable)
         except RuntimeError as exc:
             self._cleanup()
+            if editable:              # a checkout: its first native open builds the library, or says why not
+                self.app.display_warning(f"edgehft: the native CPU kernel library was not built: {exc}; native "
+                                         "bundles opened from this checkout build it at first open (g++ and "
+                                         "libhwy-dev needed then)")
+                return
             self.app.abort(failure_message(str(exc)))
             return
         self.app.display_info(f"edgehft: native CPU kernel library {said} ({dest / FILES[0]})")
