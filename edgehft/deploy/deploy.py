@@ -297,7 +297,7 @@ def _dry_run_lines(b, target: SshTarget, vid: str, files: list, nbytes: int, sta
 def _probe(steps: _Steps, b, spec, force: bool, res: DeployResult, plan: str | None = None) -> dict:
     """Run the probe, check the box is ``spec``'s board (or record what ``force`` overrode); returns the
     box's install-dir status and sets ``steps.ctx["choose_on_box"]`` (the box's agent chooses plans). A
-    bundle with several plans needs g++ (AMX) on the box only when every plan it may run there does.
+    bundle with several plans needs native kernels (AMX) on the box only when every plan it may run there does.
 
     Raises:
         DeployError: a mismatch without ``force``; a forced ``plan`` other than the top level on a box whose
@@ -319,7 +319,7 @@ def _probe(steps: _Steps, b, spec, force: bool, res: DeployResult, plan: str | N
                             "the box to time them there")
     modes = ([plan] if plan else b.plan_names()) if steps.ctx["choose_on_box"] else [top]
     for why in board_mismatches(spec, facts, b.manifest.format_version,
-                                needs_cxx=all(m.startswith("native") for m in modes),
+                                needs_kernels=all(m.startswith("native") for m in modes),
                                 needs_amx=all(m == "native-bf16" for m in modes)):
         if not force:
             raise DeployError(f"the box is not a {res.board}: {why}",
