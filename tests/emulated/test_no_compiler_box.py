@@ -19,60 +19,25 @@ from pathlib import Path
 import pytest
 
 from conftest import BOARD_PY, ROOT
-from edgehft.compiler.pipeline import CompileOptions, compile_model
 from edgehft.deploy.probe import kernels_missing
 from edgehft.kernels.cpu import build
+from nocompiler_box import COMPILERS, PREBUILT, box_env, install, native_lstm, platform_wheel  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("g++", "board-venv")]
 
-PREBUILT = "edgehft/kernels/cpu/prebuilt"
-COMPILERS = ("g++", "c++", "cc", "gcc", "clang++")
 # On the box: which edgehft it imports, and its native_kernels probe fact.
 PROBE = ("import json, edgehft; from edgehft.deploy.probe import native_kernels; "
          "print(json.dumps({'edgehft': edgehft.__file__, **native_kernels()}))")
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """edgehft's wheel, built from this tree by pip (build isolation, the hatch_build.py hook)."""
-    out = tmp_path_factory.mktemp("wheel")
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "-w", str(out), "--no-deps", "-q"],
-                         capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    wheels = sorted(out.glob("edgehft-*.whl"))
-    assert len(wheels) == 1, wheels
-    return wheels[0]
-
-
-@pytest.fixture(scope="module")
-def native_lstm(models, tmp_path_factory) -> Path:
-    """k3_lstm.keras (Conv1D -> LSTM(16) -> Dense softmax) compiled with --quant native: its LSTM runs on
-    the native kernel library."""
-    out = tmp_path_factory.mktemp("native") / "lstm.native"
-    compile_model(models / "k3_lstm.keras", [models / "calib.npy"], out, CompileOptions(board="cpu", quant="native"))
-    return out
-
-
-def _install(wheel: Path, site: Path) -> Path:
-    """``pip install --no-deps --target site wheel`` with the board venv's pip; returns ``site``."""
-    res = subprocess.run([str(BOARD_PY), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
-                          str(site), str(wheel)], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return site
-
-
 def _box(site: Path, cache: Path, *args: str) -> subprocess.CompletedProcess:
-    """The board venv's Python with ``site`` first on sys.path, PATH only the venv's bin (no compiler),
-    CXX unset and ``cache`` (empty) as the kernel cache."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CXX", "CC", "PYTHONPATH", "EDGEHFT_CPU_TARGET", "XDG_CACHE_HOME")}
-    env.update(PATH=str(BOARD_PY.parent), PYTHONPATH=str(site), EDGEHFT_CACHE=str(cache))
-    assert [c for c in COMPILERS if shutil.which(c, path=env["PATH"])] == []
-    return subprocess.run([str(BOARD_PY), *args], capture_output=True, text=True, env=env, cwd=cache.parent,
-                          timeout=300)
+    """The board venv's Python as a box without a compiler (nocompiler_box.box_env)."""
+    return subprocess.run([str(BOARD_PY), *args], capture_output=True, text=True, env=box_env(site, cache),
+                          cwd=cache.parent, timeout=300)
 
 
-def test_the_platform_wheel_carries_the_kernel_library(wheel):
+def test_the_platform_wheel_carries_the_kernel_library(platform_wheel):
+    wheel = platform_wheel
     tag = "py3-none-" + sysconfig.get_platform().replace("-", "_").replace(".", "_")
     assert wheel.name == f"edgehft-0.3.0-{tag}.whl"
     with zipfile.ZipFile(wheel) as z:
@@ -87,9 +52,8 @@ def test_the_platform_wheel_carries_the_kernel_library(wheel):
     assert "-march=native" not in manifest["flags"]
 
 
-def test_a_box_without_a_compiler_runs_a_native_bundle(wheel, native_lstm, tmp_path):
-    site, cache = _install(wheel, tmp_path / "site"), tmp_path / "cache"
-    cache.mkdir()
+def test_a_box_without_a_compiler_runs_a_native_bundle(platform_wheel, native_lstm, tmp_path):
+    site, cache = install(platform_wheel, tmp_path / "site"), tmp_path / "cache"
     probe = _box(site, cache, "-c", PROBE)
     assert probe.returncode == 0, probe.stderr[-3000:]
     facts = json.loads(probe.stdout)
@@ -105,10 +69,8 @@ def test_a_box_without_a_compiler_runs_a_native_bundle(wheel, native_lstm, tmp_p
     assert sorted(str(p.relative_to(cache)) for p in cache.rglob("*.so")) == []     # nothing was built
 
 
-def test_without_the_prebuilt_library_the_box_says_what_to_do(wheel, native_lstm, tmp_path):
-    site, cache = _install(wheel, tmp_path / "site"), tmp_path / "cache"
-    cache.mkdir()
-    shutil.rmtree(site / PREBUILT)
+def test_without_the_prebuilt_library_the_box_says_what_to_do(platform_wheel, native_lstm, tmp_path):
+    site, cache = install(platform_wheel, tmp_path / "site", prebuilt=False), tmp_path / "cache"
     res = _box(site, cache, "-m", "edgehft", "run", str(native_lstm), "--golden")
     assert res.returncode == 7, res.stdout + res.stderr[-3000:]
     assert "Traceback" not in res.stderr
