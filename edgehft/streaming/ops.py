@@ -214,8 +214,8 @@ def _fully_connected(env, op) -> Outcome:
     if row_elems % n_in:
         k = n_in // row_elems if n_in % row_elems == 0 else "several"
         k = f"all {k}" if k == src.length else k
-        return refuse(env, op, f"every output reads {k} rows of the window (in = {n_in}: a Flatten or Reshape "
-                               "folded the time axis into the features)")
+        return refuse(env, op, f"every output reads {k} rows of the window (in = {n_in}: the time axis is inside "
+                               "its features, folded there by a Flatten or Reshape or moved there by a Permute)")
     outer = _prod(shape[:src.axis])
     virtual = (outer, src.length, row_elems // n_in * n_out)
     found = locate(virtual, Rows(1, 1, src.status, src.keys), env.shape(out))
@@ -474,7 +474,8 @@ def _gather(env, op) -> Outcome:
         return refuse(env, op, "GATHER along time by computed indices")
     if axis != src.axis:
         shift = idx.ndim - 1 if src.axis > axis else 0
-        return Outcome({out: _rows_out(env, op, params, src.axis + shift, [[("r", params, i)] for i in range(src.length)])})
+        taps = [[("r", params, i)] for i in range(src.length)]
+        return Outcome({out: _rows_out(env, op, params, src.axis + shift, taps)})
     if src.sub != 1 or idx.ndim > 1:
         return refuse(env, op, "GATHER along time with a multi-dimensional index or a folded time axis")
     if idx.ndim == 0:

@@ -26,7 +26,8 @@ from rich.console import Console
 from conftest import BOARD_PY, DEEPLOB, FEED_DAY1, ROOT, run_maker
 from edgehft.compiler.pipeline import CompileOptions, compile_model
 from edgehft.ir import TFLiteModel
-from edgehft.streaming.analysis import VERDICT_CRITICAL, VERDICT_WHOLE, analyze, analyze_path, main, summary, table
+from edgehft.streaming.analysis import (VERDICT_CRITICAL, VERDICT_PREPARED, VERDICT_WHOLE, analyze, analyze_path, main,
+                                        summary, table)
 
 pytestmark = pytest.mark.slow
 T = 8
@@ -45,7 +46,8 @@ def small(tmp_path_factory):
         if (name, quant) not in done:
             model = src / (f"{name}.h5" if name.startswith("tfk_") else f"{name}.keras")
             done[name, quant] = out / f"{name}.{quant}"
-            compile_model(model, [src / f"{name}.npy"], done[name, quant], CompileOptions(board="cpu", quant=quant, **FAST))
+            compile_model(model, [src / f"{name}.npy"], done[name, quant],
+                          CompileOptions(board="cpu", quant=quant, **FAST))
         return done[name, quant]
     return get
 
@@ -224,6 +226,20 @@ def test_reduction_over_time_ends_the_time_axis(small):
     assert "all 6 rows" in mean.reason and a.streamable
 
 
+def test_cropping_along_time_shifts_rows(small):
+    """Cropping1D is a STRIDED_SLICE along time. crop: Conv1D(4, 3, same) (rows 6-7 critical, row 0 prepared)
+    cropped by (1, 1): rows 0-5 are conv rows 1-6, so rows 0-4 cached and row 5 critical. lag: Conv1D(4, 3,
+    valid) (row 5 critical) cropped by (0, 1) drops the critical row: rows 0-3 are cached and row 4 (conv row
+    4, computed at the previous tick as its row 5) is prepared: the slice and the Dense after it need nothing
+    from the newest row ("prepared", no critical MACs)."""
+    a = analyze_path(small("crop"))
+    assert (a.op(4).op, rows(a, 4), rows(a, 5)) == ("STRIDED_SLICE", (r(0, 4), (), (5,)), (r(0, 4), (), (5,)))
+    lag = analyze_path(small("lag"))
+    assert rows(lag, 4) == (r(0, 3), (4,), ()) == rows(lag, 5)
+    assert [lag.op(k).verdict for k in (4, 5)] == [VERDICT_PREPARED] * 2
+    assert (lag.op(5).macs_critical, lag.op(5).macs_prepare, lag.macs_critical) == (0, 8, 36) and lag.streamable
+
+
 # --- refusals -----------------------------------------------------------------------------------------------
 
 def _blocking(a) -> tuple:
@@ -242,13 +258,15 @@ def test_flatten_then_dense_is_refused(small):
 
 
 @pytest.mark.parametrize("name, op, words", [
+    ("permute_dense", "FULLY_CONNECTED", "all 8 rows"),
     ("stride2", "CONV_2D", "stride 2 along the time axis"),
     ("long_kernel", "CONV_2D", "as long as the 8-row window"),
     ("attention", "BATCH_MATMUL", "attention over time"),
 ])
-def test_stride_long_kernel_and_attention_are_refused(small, name, op, words):
-    """A stride 2 along time (an output row per 2 ticks), a kernel of 8 rows on an 8-row window, and
-    self-attention (BATCH_MATMUL of two tensors from the window) are each refused at that op, with why."""
+def test_dense_over_time_stride_long_kernel_and_attention_are_refused(small, name, op, words):
+    """A Dense over the time axis (a Permute moved it last: TRANSPOSE + FULLY_CONNECTED), a stride 2 along
+    time (an output row per 2 ticks), a kernel of 8 rows on an 8-row window, and self-attention
+    (BATCH_MATMUL of two tensors from the window) are each refused at that op, with why."""
     a = analyze_path(small(name))
     index, got, reason = _blocking(a)
     assert (got, a.streamable, a.op(index).verdict) == (op, False, VERDICT_WHOLE) and words in reason
@@ -403,7 +421,8 @@ def claimed(t) -> list:
 
 
 STREAMING_MODELS = ["conv1d_valid", "conv1d_same", "conv1d_causal", "conv2d_pool", "dense_steps", "lstm_head",
-                    "gap_head", "flatten_dense", "stride2", "long_kernel", "attention", "tfk_bidir"]
+                    "gap_head", "crop", "lag", "permute_dense", "flatten_dense", "stride2", "long_kernel", "attention",
+                    "tfk_bidir"]
 
 
 @pytest.mark.parametrize("name", STREAMING_MODELS)
