@@ -533,3 +533,37 @@ def test_analysis_runs_on_the_box_side(lstm_a_float):
     d = json.loads(p.stdout)
     assert (d["macs_critical"], d["macs_prepare"], d["macs_full"]) == (160_100, 5_880_000, 8_000_100)
     assert [o["verdict"] for o in d["ops"]] == [VERDICT_CRITICAL] * 4
+
+
+def _add_constant(shape: tuple):
+    """An edit turning dense_steps' TANH (op 1, on (1, 8, 5)) into an ADD of a seeded constant of ``shape``."""
+    def fn(s, m):
+        g = m.subgraphs[0]
+        buf = s.BufferT()
+        buf.data = np.random.default_rng(7).standard_normal(shape).astype(np.float32).tobytes()
+        m.buffers.append(buf)
+        t = s.TensorT()
+        t.shape, t.type, t.buffer, t.name = list(shape), s.TensorType.FLOAT32, len(m.buffers) - 1, b"positional"
+        g.tensors.append(t)
+        code = s.OperatorCodeT()
+        code.builtinCode, code.deprecatedBuiltinCode, code.version = s.BuiltinOperator.ADD, s.BuiltinOperator.ADD, 1
+        m.operatorCodes.append(code)
+        op = g.operators[1]
+        op.opcodeIndex, op.inputs = len(m.operatorCodes) - 1, list(op.inputs) + [len(g.tensors) - 1]
+    return fn
+
+
+def test_a_constant_that_varies_along_time_makes_rows_new(small, tmp_path):
+    """x + c with c (1, 8, 5) (a positional term: row i adds c[i]) computes row i of window t+1 from the row
+    that was row i+1 of window t, plus another constant row: rows 0-6 are prepared, not cached. A c of
+    (1, 1, 5) broadcasts along time: rows 0-6 stay cached. LiteRT's values on the edited graphs agree, row by
+    row, for every tensor."""
+    for shape, kept, prepared in (((1, T, 5), (), r(0, 6)), ((1, 1, 5), r(0, 6), ())):
+        m = _edit(small("dense_steps"), _add_constant(shape))
+        f = tmp_path / f"add_{shape[1]}.tflite"
+        f.write_bytes(m.data)
+        a = analyze(m)
+        assert (a.op(1).op, rows(a, 1), rows(a, 2)) == ("ADD", (kept, prepared, (7,)), (kept, prepared, (7,)))
+        seen = empirical(f, a)
+        for t in a.tensors:
+            assert claimed(t) == [status_of(x) for x in seen[t.index]], t.name
