@@ -16,8 +16,9 @@ over time, the head).
 
     python -m edgehft.streaming.analysis BUNDLE_OR_TFLITE [--json] [--time-axis N] [--plan NAME] [--reasons]
 
-exits 0 (streamable), 1 (analysed, not streamable), 3 (bad input: no such file, not a TFLite model, a
-time axis the input lacks), 6 (a bundle that does not match its manifest).
+exits 0 once the model is analysed (streamable or not: the last line, and ``streamable`` in the JSON, say
+which), 3 (bad input: no such file, not a TFLite model, a time axis the input lacks) or 6 (a bundle that does
+not match its manifest), the codes of :mod:`edgehft.errors`.
 """
 from __future__ import annotations
 
@@ -364,7 +365,8 @@ def analyze_path(path, time_axis: int | None = None, plan: str | None = None) ->
 
 
 def main(argv: list | None = None) -> int:
-    """``python -m edgehft.streaming.analysis``; returns the exit code (0 streamable, 1 not, else the error's)."""
+    """``python -m edgehft.streaming.analysis``; returns the exit code: 0 analysed (streamable or not), else
+    the error's (:mod:`edgehft.errors`: 3 bad input, 6 bundle)."""
     import argparse
     import json
     from rich.console import Console
@@ -397,7 +399,7 @@ def main(argv: list | None = None) -> int:
         console.print(table(a, args.reasons))
         for line in summary(a):
             console.print(line, highlight=False)
-    return 0 if a.streamable else 1
+    return 0
 
 
 if __name__ == "__main__":

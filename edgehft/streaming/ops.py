@@ -16,7 +16,7 @@ an op that makes a streaming plan impossible the reason (``refused``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,7 +38,6 @@ class Outcome:
     recurrence: dict | None = None
     refused: str | None = None
     note: str = ""
-    details: dict = field(default_factory=dict)
 
 
 def _prod(xs) -> int:

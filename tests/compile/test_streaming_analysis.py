@@ -503,13 +503,17 @@ def test_table_fits_80_columns_and_says_why(deeplob_float, small):
 
 
 def test_entry_point_exit_codes_and_json(small, tmp_path, capsys):
-    """``python -m edgehft.streaming.analysis``: 0 and JSON for a streamable model, 1 for one that is not, 3 for
-    no such file or an axis the input lacks, 6 for a bundle whose model file was changed; no traceback."""
+    """``python -m edgehft.streaming.analysis``: 0 and JSON once analysed (streamable or not: the JSON and the
+    last line say which), 3 for no such file or an axis the input lacks, 6 for a bundle whose model file was
+    changed; no traceback."""
     assert main([str(small("lstm_head")), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["streamable"] and d["ops"][4]["steps_critical"] == 2 and d["ops"][4]["rows_critical"] == [6, 7]
-    assert main([str(small("flatten_dense") / "model.tflite")]) == 1
-    assert "whole window" in capsys.readouterr().out
+    assert main([str(small("flatten_dense") / "model.tflite"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert not d["streamable"] and d["blocking"]["index"] == 4 and d["ops"][4]["verdict"] == VERDICT_WHOLE
+    assert main([str(small("flatten_dense") / "model.tflite")]) == 0
+    assert "streamable: no, op #4 FULLY_CONNECTED" in capsys.readouterr().out
     assert main([str(tmp_path / "nope.tflite")]) == 3
     assert main([str(small("lstm_head")), "--time-axis", "3"]) == 3
     assert "time axis 3" in capsys.readouterr().err
