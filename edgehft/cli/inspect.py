@@ -42,16 +42,33 @@ def _bundle_report(bundle, report_type):
 @click.option("--engine-record", "engine_records", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="For a Jetson bundle: a placement record (<key>.json) that build-engine wrote on the board, "
                    "copied here (default: the records in this machine's engine cache for the bundle's model).")
+@click.option("--streaming", is_flag=True,
+              help="The streaming analysis instead: per op, which rows along time a new tick leaves cached, which "
+                   "are prepared before it and which are on its critical path, with MACs per tick.")
+@click.option("--plan", "plan", default=None,
+              help="With --streaming, for a bundle of several plans: analyse this plan (default: its top level).")
+@click.option("--reasons", is_flag=True, help="With --streaming: a column with each op's reason.")
 @json_opt
 @handles_errors
-def report_cmd(path, board, cpu_model, list_tensors, engine_records, as_json, **board_values):
+def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, plan, reasons, as_json,
+               **board_values):
     """Show the op placement report of PATH: a bundle directory, a quantized .tflite (predicted
     partition for --board), a compiled *_edgetpu.tflite (what is inside the edgetpu-custom-op), or an
     .onnx model (predicted TensorRT parser support and DLA/GPU placement for a Jetson --board). For a Jetson
     bundle on which build-engine ran, each ONNX node shows the engine inspector's confirmed device next to
-    the prediction, with the disagreements."""
+    the prediction, with the disagreements. With --streaming: the streaming analysis of the bundle's (or the
+    .tflite's) graph.
+
+    \b
+    Examples:
+      edgehft report build/deeplob.cpu
+      edgehft report model.tflite --board coral-usb -m 13
+      edgehft report build/lstm_a.cpu --streaming --plan native"""
     from edgehft.report import print_report
     p = Path(path)
+    if streaming or plan or reasons:
+        _streaming_report(p, streaming, plan, reasons, as_json)
+        return
     model_flags = [f for f, v in (("--board", board), ("--cpu-model", cpu_model)) if v]
     model_flags += board_flags_given(board_values) + (["--tensors"] if list_tensors else [])
     if p.is_dir() and model_flags:
@@ -96,6 +113,24 @@ def _show_bundle(path: Path, engine_records, as_json: bool) -> None:
         click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
         return
     print_report(rep, out, part.table or None)
+
+
+def _streaming_report(path: Path, streaming: bool, plan: str | None, reasons: bool, as_json: bool) -> None:
+    """``report PATH --streaming``: :func:`edgehft.streaming.analysis.analyze_path` as a table and lines, or JSON.
+
+    Raises:
+        click.UsageError: --plan or --reasons without --streaming (exit 2).
+    """
+    if not streaming:
+        raise click.UsageError("--plan and --reasons apply with --streaming")
+    from edgehft.streaming.analysis import analyze_path, summary, table
+    a = analyze_path(path, plan=plan)
+    if as_json:
+        click.echo(json.dumps({"model": str(path), "plan": plan, "streaming": a.to_dict()}))
+        return
+    out.print(table(a, reasons))
+    for line in summary(a):
+        out.print(line, highlight=False)
 
 
 def _shown_as_compiled(model, path: Path, cpu_model: str | None, as_json: bool) -> bool:
