@@ -55,10 +55,11 @@ from pydantic import BaseModel, Field, ValidationError
 from edgehft.errors import BundleError
 
 FORMAT = "edgehft-bundle"
-FORMAT_VERSION = 2
-# Format 2: the cpu board's native-bf16 plan (native.json steps conv2d / maxpool / concat / reshape). A bundle
-# is written with the lowest format that describes it, so boxes with an older edgehft still take the rest.
-FORMAT_VERSION_FOR_PLAN = {"native-bf16": 2}
+FORMAT_VERSION = 3
+# Format 2: the cpu board's native-bf16 plan (native.json steps conv2d / maxpool / concat / reshape). Format 3:
+# the ONNX Runtime plans (ort-float, ort-int8: model_file is model.onnx). A bundle is written with the lowest
+# format that describes it, so boxes with an older edgehft still take the rest.
+FORMAT_VERSION_FOR_PLAN = {"native-bf16": 2, "ort-float": 3, "ort-int8": 3}
 MANIFEST = "manifest.json"
 # A cpu bundle may carry more than one plan: the top level is the compile host's choice (what every reader,
 # old ones too, runs), each other plan a complete sub-bundle in plans/<name>/ whose files the top manifest
@@ -124,7 +125,7 @@ class Quantization(BaseModel):
     windows and the files it came from (``calibration_source``, recorded for people: nothing on a box reads
     them); and how many held-out windows the drift figures used."""
 
-    mode: Literal["int8", "dynamic", "fp16", "float", "native", "native-bf16"]
+    mode: Literal["int8", "dynamic", "fp16", "float", "native", "native-bf16", "ort-float", "ort-int8"]
     calibration_sha256: str | None = None
     calibration_windows: int = 0
     calibration_source: list[str] = Field(default_factory=list)
@@ -167,8 +168,8 @@ class PlanEntry(BaseModel):
 
 class Manifest(BaseModel):
     """``manifest.json``, the bundle's contract with every box: format and version, the board and backend it
-    was compiled for, ``model_file`` (the int8/float TFLite IR), where the model came from
-    (:class:`SourceModel`) and how it was quantized (:class:`Quantization`), the I/O tensors
+    was compiled for, ``model_file`` (the int8/float TFLite IR; ``model.onnx`` for the ONNX Runtime plans),
+    where the model came from (:class:`SourceModel`) and how it was quantized (:class:`Quantization`), the I/O tensors
     (:class:`TensorSpec`), the golden vectors (:class:`Golden`), the feature pipeline (:class:`Features`),
     toolchain versions, board-specific ``artifacts`` and ``accelerator`` needs, and ``files``: the SHA-256 of
     every other file, which is what a signature over the manifest covers; ``plans`` (:class:`PlanEntry`), when

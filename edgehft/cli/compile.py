@@ -15,14 +15,17 @@ from edgehft.errors import EdgeHFTError
               help="Calibration ticks: windows (.npy/.npz) or raw feed files; repeat for several. Required "
                    "for Keras models; for a quantized .tflite only used for golden vectors.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
-@click.option("--quant", type=click.Choice(["int8", "dynamic", "fp16", "float", "auto", "native", "native-bf16"]),
+@click.option("--quant", type=click.Choice(["int8", "dynamic", "fp16", "float", "auto", "native", "native-bf16",
+                                           "ort-float", "ort-int8"]),
               default=None,
               help="Quantization (default: the board file's: auto for cpu, int8 for Coral and PYNQ, fp16 for Jetson). "
                    "cpu board: auto measures the int8, dynamic and float plans (and the native plans that apply "
-                   "here), makes the fastest by --select that passes the drift gate the bundle's top level and "
+                   "here, and ONNX Runtime's float and int8 runs where onnxruntime and tf2onnx are installed), "
+                   "makes the fastest by --select that passes the drift gate the bundle's top level and "
                    "ships every other passing plan in plans/<plan>/ for deploy to choose on the box; native / "
-                   "native-bf16 take that plan alone (native-bf16: CONV_2D and LSTM input projections on "
-                   "edgehft's bf16 AMX kernel, for a box with AMX-BF16).")
+                   "native-bf16 / ort-float / ort-int8 take that plan alone (native-bf16: CONV_2D and LSTM input "
+                   "projections on edgehft's bf16 AMX kernel, for a box with AMX-BF16; ort-*: the model's ONNX "
+                   "export on ONNX Runtime, for a box with onnxruntime).")
 @select_opt("--quant auto, measured on this host (deploy measures again on the box)")
 @click.option("--features", default=None, help="Feature pipeline 'file.py:function' (default: the model's sidecar).")
 @click.option("--calib-windows", default=300, show_default=True, help="Windows used for calibration.")

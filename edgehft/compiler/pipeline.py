@@ -172,6 +172,9 @@ def _convert(model: Path, x: np.ndarray, board, stage, quant: str, opts: Compile
     if quant == "auto" or quant.startswith("native"):  # int8 is model.tflite; others model_<plan>.tflite
         from edgehft.compiler.plans import CANDIDATES
         req.update(quant="int8", plans=list(CANDIDATES))
+    if board.backend == "cpu":                          # the ONNX Runtime plans: the float ONNX export too
+        from edgehft.compiler.ort_plans import worker_request
+        req.update(worker_request(quant))
     req.update(stage.worker_request(board, quant))
     info = run_worker(req, work / "worker", timeout_s=opts.timeout_s, on_stage=say)
     with np.load(work / "worker" / "float_outputs.npz") as z:
@@ -194,6 +197,7 @@ def _evaluate_plan(quant: str, model_file: Path, work: Path, ev: dict, say):
             r = _evaluate(f, plan, work / f"plan_{plan}", **ev)
             cands.append(Candidate(plan, r["draft"], r["gold"], r["drift"], r))
         cands += _native_candidates(work, ev, say)
+        cands += _ort_candidates(work, ev, say)
         say("plans: time " + ", ".join(c.plan for c in cands) + " interleaved on one pinned core")
         timing = time_plans({c.plan: c.bundle for c in cands}, ev["board"], ev["held"])
         best, plan_section = choose(cands, timing, ev["opts"].select)
@@ -203,6 +207,8 @@ def _evaluate_plan(quant: str, model_file: Path, work: Path, ev: dict, say):
         return best.evaluated, best.plan, plan_section
     if quant.startswith("native"):               # one native plan, asked for by name (e.g. for another host)
         return _native_candidates(work, ev, say, only=quant)[0].evaluated, quant, None
+    if quant.startswith("ort-"):                  # an ONNX Runtime plan, asked for by name
+        return _ort_candidates(work, ev, say, only=quant)[0].evaluated, quant, None
     say("golden vectors and drift on the cpu runtime")
     return _evaluate(model_file, quant, work / "draft", **ev), quant, None
 
@@ -232,13 +238,18 @@ def _build_bundle(stage, ctx: StageInput, r: dict, quant: str, plan_section, pip
     ir, inputs, outputs, manifest, draft, gold, drift, model_file = (r[k] for k in (
         "ir", "inputs", "outputs", "manifest", "draft", "gold", "drift", "model_file"))
     manifest.golden, golden, golden_files = golden_record(draft, board, gold, inputs, outputs)
+    _golden_floor(manifest, golden, r)
     manifest.format_version = FORMAT_VERSION_FOR_PLAN.get(quant, 1)
-    files: dict[str, bytes | Path] = {"model.tflite": model_file, **golden_files}
+    files: dict[str, bytes | Path] = {manifest.model_file: model_file, **golden_files}
     manifest.toolchain = {**info["versions"], "edgehft": __version__, "interpreter": gold.path,
                           "python": platform.python_version()}
     ctx.quant, ctx.source, ctx.quantization, ctx.model_file, ctx.ir, ctx.gold, ctx.golden, ctx.drift = (
         quant, manifest.source, manifest.quantization, model_file, ir, gold, golden, drift)
-    built = stage.build(ctx)
+    if r.get("ort"):                              # an ONNX Runtime plan: its report is the ONNX graph's
+        from edgehft.compiler.ort_plans import build as ort_build
+        built = ort_build(ctx, r)
+    else:
+        built = stage.build(ctx)
     report = built.report
     report.drift, report.golden = drift, golden
     files.update(built.files)
@@ -286,14 +297,95 @@ def _plan_bundles(ctx: StageInput, r: dict, quant: str, manifest: Manifest, pipe
     manifest.plans = {quant: _plan_entry(r, None)}
     for o in r["other_plans"]:
         m, plan = o["manifest"], o["manifest"].quantization.mode
-        m.golden, _, golden_files = golden_record(o["draft"], ctx.board, o["gold"], o["inputs"], o["outputs"])
+        m.golden, section, golden_files = golden_record(o["draft"], ctx.board, o["gold"], o["inputs"], o["outputs"])
+        _golden_floor(m, section, o)
         m.format_version = FORMAT_VERSION_FOR_PLAN.get(plan, 1)
         m.toolchain = {**manifest.toolchain, "interpreter": o["gold"].path}
-        sub = {"model.tflite": o["model_file"], **golden_files, **(o.get("native_files") or {})}
+        sub = {m.model_file: o["model_file"], **golden_files, **(o.get("native_files") or {})}
         _attach_features(m, sub, pipeline)
         files.update(plan_files(plan, m, sub))
         manifest.plans[plan] = _plan_entry(o, f"{PLANS_DIR}/{plan}")
     return files
+
+
+def _golden_floor(manifest: Manifest, section: dict, r: dict) -> None:
+    """Raise the golden tolerance of the evaluation ``r`` to its ``golden_atol_floor`` (ort-int8: one step of
+    the output's int8 grid), and say so in the report's golden ``section``."""
+    floor = r.get("golden_atol_floor")
+    if manifest.golden is not None and floor and floor > manifest.golden.atol:
+        manifest.golden.atol = float(floor)
+        section["atol"] = float(floor)
+        section["atol_rule"] = ("one step of the output's int8 grid (int8 kernels of another CPU may round one "
+                                "requantization the other way), above twice the distance from the reference path")
+
+
+def _ort_candidates(work: Path, ev: dict, say, only: str | None = None) -> list:
+    """The ONNX Runtime plans (:mod:`edgehft.compiler.ort_plans`) from the worker's float ONNX export:
+    ``ort-float`` as it is and ``ort-int8`` (ONNX Runtime's static Q/DQ quantization on the calibration
+    windows), each evaluated on the cpu runtime like the other plans. A plan that cannot be made or run here
+    is said and left out; ``only``: that plan alone, asked for by name, whose failure is an error.
+
+    Raises:
+        ConverterError: (``only``) the export or the quantization failed.
+        BundleError: (``only``) ONNX Runtime refused the model.
+    """
+    from edgehft.compiler import ort_plans
+    from edgehft.compiler.plans import Candidate
+    from edgehft.errors import EdgeHFTError
+    export = ev["info"].get("onnx") or {}
+    float_onnx = work / "worker" / "model.onnx"
+    if not float_onnx.is_file() or "error" in export:
+        why = export.get("error") or ort_plans.unavailable() or "the converter gave no ONNX export"
+        if only:
+            raise ConverterError(f"the {only} plan needs the model's ONNX export: {why}")
+        say(f"plans {', '.join(ort_plans.ORT_PLANS)}: skipped ({why})")
+        return []
+    out = []
+    for plan in ort_plans.ORT_PLANS:
+        if only and plan != only:
+            continue
+        where = work / f"plan_{plan}"
+        try:
+            say(f"plan {plan}: golden vectors and drift on the cpu runtime (ONNX Runtime)")
+            model_file, qdq = float_onnx, None
+            if plan == "ort-int8":
+                where.mkdir(parents=True, exist_ok=True)
+                model_file = where / "model_qdq.onnx"
+                qdq = ort_plans.make_qdq(float_onnx, ev["cal"], model_file)
+            r = _evaluate_onnx(model_file, plan, where, softmax=ort_plans.softmax_flags(float_onnx), **ev)
+        except EdgeHFTError as exc:
+            if only:
+                raise
+            say(f"plan {plan}: skipped ({exc.args[0]})")
+            continue
+        r.update(ort=True, qdq=qdq, ort_kernels=ort_plans.kernels_ran(model_file, ev["held"][:1]))
+        if plan == "ort-int8":
+            r["golden_atol_floor"] = ort_plans.output_step(model_file)
+        out.append(Candidate(plan, r["draft"], r["gold"], r["drift"], r))
+    return out
+
+
+def _evaluate_onnx(model_file: Path, quant: str, where: Path, *, model, info, board, cal, held, float_outs, source,
+                   opts, softmax: list, allow_missing: bool = False) -> dict:
+    """:func:`_evaluate` for an ONNX Runtime plan: ``model_file`` (ONNX) as ``model.onnx`` of a draft bundle
+    whose float32 I/O specs are the TFLite plans' names (:func:`edgehft.compiler.ort_plans.io_specs`), golden
+    vectors and drift vs Keras on the cpu runtime (ONNX Runtime); ``softmax``: per output, whether a Softmax
+    makes it. Returns what :func:`_evaluate` returns (``ir`` None)."""
+    from edgehft.compiler.ort_plans import io_specs
+    inputs, outputs = io_specs(info, held, float_outs)
+    manifest = Manifest(board=board.name, backend=board.backend, model_file="model.onnx",
+                        source=_source_model(model, info), quantization=_quantization(quant, cal, held, source),
+                        inputs=inputs, outputs=outputs)
+    where.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model_file, where / "model.onnx")
+    draft = Bundle(where, manifest)
+    gold = run_golden(draft, board, held, opts.golden_count, opts.seed, allow_missing=allow_missing)
+    drift = None
+    if float_outs is not None and gold.missing is None:
+        drift = measure_drift(float_outs, gold.dequantized, [o.name for o in outputs], softmax, opts.drift_threshold,
+                              reference=f"Keras float model ({info['flavour']})", candidate=f"{quant} on {gold.path}")
+    return dict(ir=None, inputs=inputs, outputs=outputs, manifest=manifest, draft=draft, gold=gold, drift=drift,
+                model_file=where / "model.onnx")
 
 
 def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> list:

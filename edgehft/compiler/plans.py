@@ -21,7 +21,10 @@ others; its golden vectors come from that chain. A fifth, ``native-bf16``, joins
 AMX-BF16: the float graph with its CONV_2D ops and each LSTM's input projection on
 :mod:`edgehft.kernels.cpu.conv` (bf16 operands, fp32 sums), the LSTM recurrences on the native fp32
 kernel and the pools, concatenations, reshapes, slices, Dense layers and softmaxes between them on
-:mod:`edgehft.kernels.cpu.ops`.
+:mod:`edgehft.kernels.cpu.ops`. Where onnxruntime, onnx and tf2onnx are installed, ``ort-float`` and ``ort-int8``
+join (:mod:`edgehft.compiler.ort_plans`): the model's ONNX export and ONNX Runtime's own static int8 Q/DQ
+quantization of it, run by ONNX Runtime with its default optimizations (the peers a user of ONNX Runtime would
+run), measured and gated like the others: edgehft's own kernels are chosen only where they are faster.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CANDIDATES = ("int8", "dynamic", "float")      # converted by the worker; "native" is added when it applies
+CANDIDATES = ("int8", "dynamic", "float")      # converted by the worker; native and ort plans join where they apply
 
 
 # What each native plan runs where, said in the compile report
@@ -73,6 +76,16 @@ def time_plans(bundles: dict, board, windows: np.ndarray, rounds: int = 300, war
             run.close()
 
 
+def _what_runs(plan: str) -> str:
+    """What the bundle's top level runs for ``plan``, for the report's plan section."""
+    from edgehft.compiler.ort_plans import DESCRIPTIONS
+    if plan in NATIVE_PLANS:
+        return f"the {plan} plan: {NATIVE_PLANS[plan]}"
+    if plan in DESCRIPTIONS:
+        return f"the {plan} plan: {DESCRIPTIONS[plan]}"
+    return f"model.tflite is the {plan} plan"
+
+
 def _rel(c: Candidate):
     """The worst output's relative MAE of candidate ``c`` (None without drift figures)."""
     return max(o.mae_rel for o in c.drift.outputs) if c.drift else None
@@ -114,8 +127,7 @@ def choose(cands: list[Candidate], timing: dict, select: str = "p99") -> tuple[C
                "measured_on": {"cpu_model": fp["cpu_model"], "logical_cpus": fp["logical_cpus"],
                                "pinned_cpu": timing["_core"], "threads": 1,
                                "libraries": fp["libraries"]},
-               "reference": ((f"model.tflite is the {best.plan} plan" if not best.plan.startswith("native") else
-                              f"the {best.plan} plan: {NATIVE_PLANS[best.plan]}")
+               "reference": (_what_runs(best.plan)
                              + "; the golden vectors, the drift figures "
                              "and the op table are that plan's, produced by the cpu runtime that runs it"
                              + ("" if best.plan == "int8" else

@@ -9,7 +9,8 @@ Request (JSON): ``model``, ``quant``, ``lowering`` (auto | tf-keras | native), `
 or ``error.json`` (type, message, hint) and exit status 3. With ``"onnx": true`` also ``model.onnx`` (the
 lowered model via tf2onnx, batch 1) and ``onnx_outputs.npz``; with ``"onnx_fp16": true`` also
 ``model_fp16.onnx`` and ``onnx_fp16_outputs.npz``; ``info["onnx"]`` holds op types and the differences
-against the Keras outputs (see :mod:`edgehft.compiler.onnx_export`).
+against the Keras outputs (see :mod:`edgehft.compiler.onnx_export`); with ``"onnx_optional": true`` an
+export that fails is ``info["onnx"] = {"error": why}`` instead of an error (the cpu board's ONNX Runtime plans).
 """
 from __future__ import annotations
 
@@ -137,12 +138,26 @@ def convert(req: dict, out: Path) -> None:
     np.savez(out / "float_outputs.npz", **{f"out{i}": y for i, y in enumerate(float_outs)})
     info = {"flavour": flavour, "lowering": lowering, "input_names": [in_name], "input_shape": list(in_shape),
             "output_names": out_names, "layers": layers, "versions": _versions()}
-    if req.get("onnx") or req.get("onnx_fp16"):           # Jetson: the same lowered model as ONNX
-        from edgehft.compiler.onnx_export import onnx_stage
+    if req.get("onnx") or req.get("onnx_fp16"):           # Jetson, cpu ort plans: the same lowered model as ONNX
         src = model if model is not None else (lambda x: [concrete(**{in_name: x})[k] for k in out_names])
-        info["onnx"] = onnx_stage(req, out, src, in_shape, in_name, held, float_outs, _stage)
+        info["onnx"] = _onnx(req, out, src, in_shape, in_name, held, float_outs)
     (out / "info.json").write_text(json.dumps(info, indent=1))
     _stage(out, "done")
+
+
+def _onnx(req: dict, out: Path, src, in_shape, in_name: str, held: np.ndarray, float_outs: list) -> dict:
+    """The ONNX stage (:func:`edgehft.compiler.onnx_export.onnx_stage`). With ``"onnx_optional": true`` (the cpu
+    board's ONNX Runtime plans, candidates among others) a failure is recorded as ``{"error": why}`` and its
+    partial files removed instead of failing the compile."""
+    from edgehft.compiler.onnx_export import onnx_stage
+    if not req.get("onnx_optional"):
+        return onnx_stage(req, out, src, in_shape, in_name, held, float_outs, _stage)
+    try:
+        return onnx_stage(req, out, src, in_shape, in_name, held, float_outs, _stage)
+    except Exception as exc:  # noqa: BLE001 - tf2onnx or onnxruntime refusing the model: the plans are skipped
+        for name in ("model.onnx", "onnx_outputs.npz"):
+            (out / name).unlink(missing_ok=True)
+        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"}
 
 
 def _convert(converter, quant: str, calib: np.ndarray, req: dict, out: Path) -> bytes:

@@ -1,4 +1,5 @@
-"""The ``cpu`` backend: the bundle's TFLite model on the host CPU through LiteRT (or tflite-runtime).
+"""The ``cpu`` backend: the bundle's TFLite model on the host CPU through LiteRT (or tflite-runtime); the
+``ort-float``/``ort-int8`` plans' ONNX model through ONNX Runtime (:mod:`edgehft.runtime.ort`).
 
 The hot path is: validate + copy the window into the interpreter's own input buffer, ``Invoke``, copy
 the output into a reused buffer. The input/output numpy views are taken once at open; ``Invoke`` is
@@ -16,6 +17,7 @@ import numpy as np
 from edgehft.bundle import check_io_details
 from edgehft.errors import InputError
 from edgehft.runtime.base import InputSlot, OutputSlot, Runner as _Runner
+from edgehft.runtime.ort import is_ort_plan
 from edgehft.runtime.litert import (OP_RESOLVERS, XNNPACK_REFUSED, interpreter_path, make_interpreter,
                                     variable_tensors, xnnpack_refused)
 
@@ -35,6 +37,9 @@ class Runner(_Runner):
             raise InputError(f"op_resolver {op_resolver!r}: choose one of {', '.join(OP_RESOLVERS)}")
         self.op_resolver = op_resolver
         self.native_portable = native_portable
+        if is_ort_plan(bundle.manifest.quantization.mode):      # ort-float / ort-int8: ONNX Runtime runs it
+            self._open_ort()
+            return
         self.path = interpreter_path(op_resolver)
         if bundle.manifest.artifacts.get("native"):
             self._open_native(bundle.manifest.artifacts["native"])
@@ -96,6 +101,25 @@ class Runner(_Runner):
         self._bind_fast_paths()
         self._bind_float_fast_path()
 
+    def _open_ort(self) -> None:
+        """The ONNX Runtime plans (:mod:`edgehft.runtime.ort`): the bundle's ``model.onnx`` in a session whose
+        inputs and outputs are bound to buffers made once; ``predict`` copies the window into the bound input,
+        runs, and reads the bound output (``op_resolver`` ``reference``: graph optimizations off, Q/DQ as float
+        ops)."""
+        from edgehft.runtime import ort
+        m = self.bundle.manifest
+        ins, outs = self._io_specs()
+        self._in_specs, self._out_specs = ins, outs
+        self.interp, self.stateful_tensors, self.op_kernels = None, [], {}
+        self._ort, self.path, self.onnx_checked = ort.open_plan(
+            self.bundle.model_path, ins, outs, self.threads, self.op_resolver, qdq=m.quantization.mode == "ort-int8")
+        self._zero_copy = True
+        self.inputs = [InputSlot(s, buf) for s, buf in zip(ins, self._ort.inputs)]
+        self.outputs = [OutputSlot(s, buf) for s, buf in zip(outs, self._ort.outputs)]
+        self._invoke = self._ort.invoke
+        self._bind_fast_paths()
+        self._bind_float_fast_path()
+
     @staticmethod
     def run_step(kind: str, st, h, env: dict) -> None:
         """One step of the native chain (:func:`edgehft.runtime.native_chain.run_step`)."""
@@ -114,7 +138,15 @@ class Runner(_Runner):
 
     def profile_target(self) -> dict:
         """The model LiteRT runs (a whole-model plan), or the native chain's steps with the calls ``predict``
-        makes (see :meth:`edgehft.runtime.base.Runner.profile_target`)."""
+        makes (see :meth:`edgehft.runtime.base.Runner.profile_target`).
+
+        Raises:
+            BoardUnavailableError: an ONNX Runtime plan (no per-op profile of its kernels here)."""
+        if getattr(self, "_ort", None) is not None:
+            from edgehft.errors import BoardUnavailableError
+            raise BoardUnavailableError(f"the {self.plan or self.bundle.manifest.quantization.mode} plan runs on "
+                                        "ONNX Runtime, which bench --profile does not time op by op",
+                                        hint="bench it without --profile, or profile another plan (--plan NAME)")
         steps = self._steps
         if steps is None:
             return {"model_file": self._loaded_model_file()}
@@ -205,12 +237,17 @@ class Runner(_Runner):
                  plan=self.plan or self.bundle.manifest.quantization.mode, plan_source=self.plan_source)
         if getattr(self, "_chain", None):
             d.update(steps=[kind for kind, _ in self._chain.steps])
+        if getattr(self, "_ort", None) is not None:
+            d.update(engine="onnxruntime", onnx_checker=self.onnx_checked)
         return d
 
     def close(self) -> None:
         super().close()
         self.inputs, self.outputs = [], []
         self.interp = None
+        session, self._ort = getattr(self, "_ort", None), None
+        if session is not None:
+            session.close()
         chain, self._chain = getattr(self, "_chain", None), None
         if chain is not None:
             chain.close()

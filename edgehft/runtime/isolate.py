@@ -13,6 +13,9 @@ A success is remembered per process and as a marker file (``$EDGEHFT_CACHE``, el
 file (the model's among them), the board, the options, the interpreter and edgehft versions: a box pays the
 child once per bundle. The predict hot path is not touched.
 
+A plan that runs on ONNX Runtime (:mod:`edgehft.runtime.ort`) is isolated the same way: its first open makes
+the session and runs it once in the child, whose messages then name ONNX Runtime.
+
 What is isolated is each backend's own declaration (:attr:`edgehft.backends.Backend.isolate`, see
 :func:`isolated`): the cpu board (whole-model and native plans), a plugin whose Runner subclasses the cpu
 board's, and Coral/PYNQ boards under ``emulate`` (the whole runner); on a PYNQ overlay, the LiteRT segments
@@ -37,6 +40,7 @@ _MARK = "EDGEHFT-ISOLATED-OPEN "
 _HINT = ("the model file is corrupt or hostile though its hashes match the manifest: compile the bundle again "
          "from the source model, or copy it again from where it was compiled")
 _passed: set = set()
+LITERT, ORT = "LiteRT", "ONNX Runtime"        # the engines the messages name
 _ON_CPU = "cpu"         # a steps.json step's placement (the report schema's accelerator / cpu), not a board kind
 
 
@@ -50,19 +54,27 @@ def first_open(bundle, spec, threads: int, options: dict, timeout_s: float = DEF
     """Open ``bundle`` (a verified :class:`~edgehft.bundle.Bundle`) on board ``spec`` in a child process,
     unless this machine already did with the same files and options. Returns whether a child ran.
 
+    The same holds for a plan that runs on ONNX Runtime (``ort-float``/``ort-int8``): its session is made and
+    run once on the golden inputs in the child, and the messages name ONNX Runtime.
+
     Raises:
         BundleError: the child was killed by a signal (named) or ran past ``timeout_s`` seconds, or LiteRT
-            refused the model; any other EdgeHFTError the child's open raised, as its own class.
+            (ONNX Runtime) refused the model; any other EdgeHFTError the child's open raised, as its own class.
+        BoardUnavailableError: an ONNX Runtime plan where onnxruntime is not installed (no child is started).
     """
     request = _request(bundle, spec, threads, options)
     if request is None:
         return False
+    engine = _engine(bundle)
+    if engine == ORT:                       # missing here: said at once, no child started for it
+        from edgehft.runtime.ort import load_onnxruntime
+        load_onnxruntime()
     key = _key(bundle, request)
     marker = cache_dir() / key
     if key in _passed or marker.is_file():
         _passed.add(key)
         return False
-    _raise_for(_run_child(request, timeout_s), f"bundle {bundle.path}")
+    _raise_for(_run_child(request, timeout_s), f"bundle {bundle.path}", engine)
     _passed.add(key)
     _remember(marker, bundle)
     return True
@@ -117,18 +129,38 @@ def _request(bundle, spec, threads: int, options: dict) -> dict | None:
     return None
 
 
+def _engine(bundle) -> str:
+    """The engine that runs ``bundle``'s model, as the messages name it."""
+    from edgehft.runtime.ort import is_ort_plan
+    return ORT if is_ort_plan(bundle.manifest.quantization.mode) else LITERT
+
+
+def _engine_versions(bundle) -> dict:
+    """The versions of what runs ``bundle`` here, for the marker's key (a new engine must be tried again)."""
+    from edgehft.errors import BoardUnavailableError
+    from edgehft.runtime.litert import load_interpreter_module
+    out = {}
+    try:
+        _, name, version = load_interpreter_module()
+        out["interpreter"] = f"{name} {version}"
+    except BoardUnavailableError:
+        out["interpreter"] = "none"
+    if _engine(bundle) == ORT:
+        from edgehft.runtime.ort import load_onnxruntime
+        out["onnxruntime"] = load_onnxruntime()[1]
+    return out
+
+
 def _plain(value):
     return str(value) if isinstance(value, Path) else value
 
 
 def _key(bundle, request: dict) -> str:
     from edgehft import __version__
-    from edgehft.runtime.litert import load_interpreter_module
-    _, name, version = load_interpreter_module()
     # the manifest too: it is not in its own files map, and a hostile one beside known-good files must be tried
     ident = {"files": dict(sorted(bundle.manifest.files.items())), "request": {**request, "bundle": None},
              "manifest": hashlib.sha256(bundle.manifest.model_dump_json().encode()).hexdigest(),
-             "interpreter": f"{name} {version}", "edgehft": __version__, "python": sys.version.split()[0]}
+             **_engine_versions(bundle), "edgehft": __version__, "python": sys.version.split()[0]}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
@@ -184,10 +216,10 @@ def _signal_name(n: int) -> str:
         return f"signal {n}"
 
 
-def _raise_for(result: dict, what: str) -> None:
+def _raise_for(result: dict, what: str, engine: str = "LiteRT") -> None:
     step = f" while {result['step']}" if result.get("step") else ""
     if "signal" in result:
-        raise BundleError(f"{what}: LiteRT crashed ({result['signal']}){step}, in an isolated child process; "
+        raise BundleError(f"{what}: {engine} crashed ({result['signal']}){step}, in an isolated child process; "
                           "nothing of the model ran here", hint=_HINT)
     if "timeout" in result:
         raise BundleError(f"{what}: the model did not open and run once within {result['timeout']:.0f} s{step} "
@@ -196,17 +228,17 @@ def _raise_for(result: dict, what: str) -> None:
         raise BundleError(f"{what}: the isolated first open failed (exit status {result['failed']}): "
                           f"{result['tail']}", hint="check that edgehft imports in `python -m edgehft.runtime.isolate`")
     if "error" in result:
-        raise _rebuild(result, what)
+        raise _rebuild(result, what, engine)
 
 
-def _rebuild(result: dict, what: str) -> BaseException:
+def _rebuild(result: dict, what: str, engine: str = "LiteRT") -> BaseException:
     """The child's exception as one of this process: the same EdgeHFTError class and message; LiteRT's own
     refusals and any other exception as a BundleError."""
     import builtins
     import importlib
     message, hint = result.get("message", ""), result.get("hint")
     if result.get("litert"):
-        return BundleError(f"{what}: LiteRT cannot open the model ({result['error']}: {message})".replace("\n", " "),
+        return BundleError(f"{what}: {engine} cannot open the model ({result['error']}: {message})".replace("\n", " "),
                            hint=_HINT)
     try:
         cls = getattr(importlib.import_module(result.get("module", "")), result["error"])
@@ -304,7 +336,7 @@ def _from_interpreter(exc: BaseException) -> bool:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     where = tb.tb_frame.f_code.co_filename if tb is not None else ""
-    return any(f"{os.sep}{pkg}{os.sep}" in where for pkg in ("ai_edge_litert", "tflite_runtime"))
+    return any(f"{os.sep}{pkg}{os.sep}" in where for pkg in ("ai_edge_litert", "tflite_runtime", "onnxruntime"))
 
 
 def main(argv: list) -> int:

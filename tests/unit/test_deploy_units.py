@@ -58,7 +58,7 @@ def test_probe_reads_the_vendor_files(tmp_path):
     pynq = _tree(tmp_path / "pynq", {"etc/environment": 'PATH="/usr/bin"\nBOARD=Pynq-Z2\n'})
     assert probe_box(pynq)["pynq_board"] == "Pynq-Z2"
     here = probe_box()
-    assert here["packages"]["edgehft"] and here["bundle_format_version"] == 2
+    assert here["packages"]["edgehft"] and here["bundle_format_version"] == 3
 
 
 def test_board_identity_rules():
