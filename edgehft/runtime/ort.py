@@ -61,7 +61,7 @@ def load_onnxruntime():
         import onnxruntime
     except ImportError as exc:
         raise BoardUnavailableError(f"ONNX Runtime is not installed here ({exc}): the ort-float and ort-int8 "
-                                    "plans run on it", hint=INSTALL_HINT) from None
+                                    "plans run on it (pip install onnxruntime)", hint=INSTALL_HINT) from None
     return onnxruntime, getattr(onnxruntime, "__version__", "?")
 
 
