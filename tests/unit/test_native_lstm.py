@@ -146,6 +146,8 @@ def test_typed_errors(rng):
 
 def test_no_compiler_or_failed_build_is_board_unavailable(monkeypatch, tmp_path):
     monkeypatch.setenv("EDGEHFT_CACHE", str(tmp_path))         # nothing cached: it must build
+    from edgehft.kernels.cpu import build
+    monkeypatch.setattr(build, "PREBUILT_DIR", tmp_path / "no-prebuilt")   # nor a prebuilt one (an install's)
     monkeypatch.setenv("CXX", "/nonexistent/g++")
     with pytest.raises(BoardUnavailableError, match="no C\\+\\+ compiler"):
         native_lstm.load_library()
