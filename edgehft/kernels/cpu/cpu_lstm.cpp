@@ -28,6 +28,10 @@
 // column chunks, each a pass over h_{t-1}; (3) the gates from z a vector at a time (masked at the end),
 // c kept in a buffer, h_t written to its own row of the sequence.
 //
+// The stream executor (cpu_stream.cpp, issue 21) calls these same per-target functions through cpu_lstm.h
+// (lstm::fns): Gemm and Step for the steps it prepares ahead of a tick, StepIn for the step after it (the row's
+// projection and the recurrent product summed in one register pass, in the order Gemm then Step sum them).
+//
 // No allocation in edgehft_lstm_run: every buffer comes from edgehft_lstm_create.
 #include "cpu_dispatch.h"
 
@@ -45,6 +49,8 @@
 #include <cstring>
 #include <new>
 
+#include "cpu_lstm.h"
+
 namespace edgehft {
 namespace lstm {
 
@@ -55,14 +61,6 @@ constexpr float kA13 = -2.76076847742355e-16f, kA11 = 2.00018790482477e-13f, kA9
                 kA1 = 4.89352455891786e-03f;
 constexpr float kB6 = 1.19825839466702e-06f, kB4 = 1.18534705686654e-04f, kB2 = 2.26843463243900e-03f,
                 kB0 = 4.89352518554385e-03f;
-
-// One target's code: G = X @ W + b over T rows; one recurrent step; the activation probe.
-struct Fns {
-    void (*gemm)(const float* X, int ldx, int T, int K, const float* W, int N, const float* b, float* G);
-    void (*step)(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
-                 float clip);
-    void (*act)(const float* x, float* th, float* sg, int n);
-};
 
 }  // namespace lstm
 }  // namespace edgehft
@@ -157,13 +155,27 @@ void Gemm(const float* X, int ldx, int T, int K, const float* W, int N, const fl
     if (col0 < N) GemmTail<kGemmVecs - 1>((N - col0) / L, X, ldx, T, K, W, N, b, G, col0);
 }
 
-// z[v0*L .. (v0+NV)*L) = g + hprev @ U (hprev may be null: step 0), NV accumulators in registers.
+// z[v0*L .. (v0+NV)*L) = init + x @ W + hprev @ U (x: K values, or null; hprev: H values, or null at step 0),
+// NV accumulators in registers. Each lane's sum is init, then k ascending over x @ W, then k ascending over
+// hprev @ U, one fused multiply-add per term: the roundings of GemmBlock's G row (init = b) followed by a
+// step from that row (init = G, x null), so both ways give the same bits. g (not null): the sum after x @ W.
 template <int NV>
-HWY_INLINE void RecurChunk(const float* g, const float* hprev, int H, int N, const float* U, float* z, int v0) {
+HWY_INLINE void RecurChunk(const float* init, const float* x, int K, const float* W, float* g, const float* hprev,
+                           int H, int N, const float* U, float* z, int v0) {
     const D d;
     const int L = static_cast<int>(hn::Lanes(d));
     V acc[NV];
-    for (int v = 0; v < NV; v++) acc[v] = hn::Load(d, g + L * (v0 + v));
+    for (int v = 0; v < NV; v++) acc[v] = hn::Load(d, init + L * (v0 + v));
+    if (x) {
+        for (int k = 0; k < K; k++) {
+            const V xv = hn::Set(d, x[k]);
+            const float* w = W + (size_t)k * N + L * v0;
+            for (int v = 0; v < NV; v++) acc[v] = Fma(d, xv, hn::Load(d, w + L * v), acc[v]);
+        }
+        if (g) {
+            for (int v = 0; v < NV; v++) hn::Store(acc[v], d, g + L * (v0 + v));
+        }
+    }
     if (hprev) {
         for (int k = 0; k < H; k++) {
             const V hv = hn::Set(d, hprev[k]);
@@ -175,11 +187,11 @@ HWY_INLINE void RecurChunk(const float* g, const float* hprev, int H, int N, con
 }
 
 template <int NV>
-HWY_INLINE void RecurChunkN(int nv, const float* g, const float* hprev, int H, int N, const float* U, float* z,
-                            int v0) {
-    if (nv == NV) RecurChunk<NV>(g, hprev, H, N, U, z, v0);
+HWY_INLINE void RecurChunkN(int nv, const float* init, const float* x, int K, const float* W, float* g,
+                            const float* hprev, int H, int N, const float* U, float* z, int v0) {
+    if (nv == NV) RecurChunk<NV>(init, x, K, W, g, hprev, H, N, U, z, v0);
     if constexpr (NV > 1) {
-        if (nv < NV) RecurChunkN<NV - 1>(nv, g, hprev, H, N, U, z, v0);
+        if (nv < NV) RecurChunkN<NV - 1>(nv, init, x, K, W, g, hprev, H, N, U, z, v0);
     }
 }
 
@@ -200,17 +212,24 @@ HWY_INLINE void Gates(const float* z, int H, float* c, float* h, float clip) {
     }
 }
 
-void Step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
-          float clip) {
+// z = init + x @ W + hprev @ U (see RecurChunk) in column chunks of at most kMaxAcc vectors, then the gates.
+void StepIn(const float* init, const float* x, int K, const float* W, float* g, const float* hprev, int H, int N,
+            const float* U, float* c, float* h, float* z, float clip) {
     const int NVt = N / static_cast<int>(hn::Lanes(D()));
-    const int nchunks = (NVt + kMaxAcc - 1) / kMaxAcc;     // <= kMaxAcc accumulators per pass over h
+    const int nchunks = (NVt + kMaxAcc - 1) / kMaxAcc;     // <= kMaxAcc accumulators per pass over x and h
     int v0 = 0;
     for (int ci = 0; ci < nchunks; ci++) {
         const int nv = (NVt - v0) / (nchunks - ci);          // balanced chunks
-        RecurChunkN<kMaxAcc>(nv, g, hprev, H, N, U, z, v0);
+        RecurChunkN<kMaxAcc>(nv, init, x, K, W, g, hprev, H, N, U, z, v0);
         v0 += nv;
     }
     Gates(z, H, c, h, clip);
+}
+
+// One step from its projected input row g (x @ W + b computed by Gemm).
+void Step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
+          float clip) {
+    StepIn(g, nullptr, 0, nullptr, nullptr, hprev, H, N, U, c, h, z, clip);
 }
 
 // th[i] = tanh(x[i]), sg[i] = sigmoid(x[i]) exactly as Step computes them.
@@ -228,7 +247,7 @@ void Act(const float* x, float* th, float* sg, int n) {
 }  // namespace
 
 extern const lstm::Fns kLstmFns;
-const lstm::Fns kLstmFns = {&Gemm, &Step, &Act};
+const lstm::Fns kLstmFns = {&Gemm, &Step, &Act, &StepIn};
 
 }  // namespace HWY_NAMESPACE
 }  // namespace edgehft
@@ -239,6 +258,12 @@ namespace edgehft {
 namespace {
 
 const lstm::Fns* const kTable[kSlots] = EDGEHFT_SLOT_TABLE(kLstmFns);
+
+}  // namespace
+
+const lstm::Fns* lstm::fns(int slot) { return slot >= 0 && slot < kSlots ? kTable[slot] : nullptr; }
+
+namespace {
 
 float* falloc(size_t n) {
     void* p = nullptr;

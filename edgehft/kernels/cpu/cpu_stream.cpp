@@ -1,0 +1,528 @@
+// edgehft native CPU stream executor (issue 21): one tick in, one signal out, for stacked Keras LSTMs that start
+// every window from the zero state, followed by the last step's Dense head (the STAC-ML LSTM_A shape).
+//
+// A window is the T newest rows. Window w (ending at row w, rows counted from 0 since create or reset) has,
+// per layer, T steps from the zero state. Steps 0 .. T-2 of window w read only rows w-T+1 .. w-1, received
+// before row w: they are "prepared" ahead of the tick. When row w arrives, only step T-1 of each layer and the
+// head remain (the "critical path"). The executor holds:
+//   ring [T][in0]       the raw rows, by slot row % T (window() reads them back, oldest first)
+//   P    [T][Np0]       layer 0's input projection x_r @ W0 + b0 of each row r, by slot: computed once when the
+//                       row arrives, read by the next T-1 windows' prepares (it does not depend on the window)
+//   per layer l: seq [T][Hp] (h of the window's steps), c [Hp] (the cell state after the steps run so far),
+//                G [T][Np] for l >= 1 (layer l's input projection of layer l-1's h, new every window)
+//   head Wt [H][Mp] (the Dense weights, k-major, zero columns after M), hb [Mp], hout [Mp]
+// prepare(w) runs, per layer, G rows 0..T-2 (layers >= 1: one GEMM) and steps 0..T-2 from the zero state;
+// push(row w) runs, per layer, step T-1 with its input projection fused in (z = b + x @ W + h @ U, lstm::Fns
+// step_in; layer 0 also stores x @ W0 + b0 into P for later windows), then the head.
+//
+// Exactness: the steps are cpu_lstm.cpp's own functions (lstm::fns: gemm, step, step_in) on the same padded
+// weight layout as edgehft_lstm_create's, and step_in's sums have the roundings of gemm's row followed by step
+// (cpu_lstm.h), so push gives the bits edgehft_lstm_run gives on the same window, on every target. The head
+// sums, per output m, hb[m] then h[k] * W[m][k] for k ascending, one fused multiply-add each: the order of
+// XNNPACK's f32 GEMM "broadcast" micro-kernels, which run a LiteRT FULLY_CONNECTED with one row; the Python
+// side (edgehft.streaming.stream) checks it against the plan's own LiteRT head before using it.
+//
+// Prepare ahead of the tick, three ways: the caller's edgehft_stream_prepare (when idle), a helper thread
+// (edgehft_stream_start_helper) that prepares right after each push, or push itself when a tick finds its
+// window not prepared ("late", counted with its cost). One atomic word says whose turn it is:
+//   state = window id << 2 | tag, tag NONE (after reset) | REQ (push asked for window id) | RUN (a thread is
+//   preparing it) | DONE (prepared).
+// Whoever moves state to RUN with a compare-exchange prepares; nobody else touches the layer buffers until it
+// stores DONE. Memory ordering: the preparer's stores of seq/c/G happen before its release store of DONE, and
+// push reads them after an acquire load that sees DONE; push's stores (ring, P, the buffers of its critical
+// step) happen before its store of REQ (seq_cst, so also release), which the helper reads with an acquire
+// compare-exchange before it prepares. The helper spins (pause) for spin_us after its last work, then sleeps on
+// a futex; push wakes it only when it said it sleeps (a seq_cst store of `sleeping`, then a seq_cst load of
+// state on its side, against push's seq_cst store of state then load of `sleeping`: one of them sees the other).
+// Push never takes a lock; it waits only for a prepare of its own window already running on the helper.
+//
+// No allocation after create; one pushing thread at a time (the caller serialises push, prepare and reset).
+#include "cpu_dispatch.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu_stream.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "cpu_simd-inl.h"
+
+#ifndef EDGEHFT_CPU_STREAM_ONCE_
+#define EDGEHFT_CPU_STREAM_ONCE_
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "cpu_lstm.h"
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace edgehft {
+namespace stream {
+
+// One target's head: out[m] = b[m] + sum_k h[k] * Wt[k][m] for m < Mp (a multiple of 16).
+struct Fns {
+    void (*head)(const float* h, int H, const float* Wt, int Mp, const float* b, float* out);
+};
+
+}  // namespace stream
+}  // namespace edgehft
+#endif  // EDGEHFT_CPU_STREAM_ONCE_
+
+HWY_BEFORE_NAMESPACE();
+namespace edgehft {
+namespace HWY_NAMESPACE {
+namespace {
+namespace hn = hwy::HWY_NAMESPACE;
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+
+// One accumulator lane per output, b then k ascending, one fused multiply-add per term (Fma: the same rounding
+// on every target).
+void Head(const float* h, int H, const float* Wt, int Mp, const float* b, float* out) {
+    const D d;
+    const int L = static_cast<int>(hn::Lanes(d));
+    for (int m0 = 0; m0 < Mp; m0 += L) {
+        V acc = hn::Load(d, b + m0);
+        for (int k = 0; k < H; k++) acc = Fma(d, hn::Set(d, h[k]), hn::Load(d, Wt + (size_t)k * Mp + m0), acc);
+        hn::Store(acc, d, out + m0);
+    }
+}
+
+}  // namespace
+
+extern const stream::Fns kStreamFns;
+const stream::Fns kStreamFns = {&Head};
+
+}  // namespace HWY_NAMESPACE
+}  // namespace edgehft
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace edgehft {
+namespace {
+
+const stream::Fns* const kHeadTable[kSlots] = EDGEHFT_SLOT_TABLE(kStreamFns);
+
+enum Tag : uint64_t { kNone = 0, kReq = 1, kRun = 2, kDone = 3 };
+inline uint64_t word(uint64_t id, uint64_t tag) { return id << 2 | tag; }
+inline uint64_t tag_of(uint64_t w) { return w & 3; }
+
+enum Out { kHeadOut = 0, kLastH = 1, kSequence = 2 };
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield" ::: "memory");
+#endif
+}
+
+inline uint64_t now_ns() {
+    return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+float* falloc(size_t n) {
+    void* p = nullptr;
+    size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    if (bytes == 0) bytes = 64;
+    if (posix_memalign(&p, 64, bytes)) return nullptr;
+    memset(p, 0, bytes);
+    return static_cast<float*>(p);
+}
+
+struct Layer {
+    int in = 0, H = 0, Hp = 0, Np = 0;                // Hp = 16*ceil(H/16), Np = 16*ceil(4H/16) (as cpu_lstm.cpp)
+    float clip = 0;
+    float *W = nullptr, *U = nullptr, *b = nullptr;   // W [in][Np], U [H][Np], b [Np]: Keras columns, 0 after 4H
+    float *seq = nullptr, *c = nullptr, *G = nullptr; // seq [T][Hp], c [Hp], G [T][Np] (layers >= 1)
+};
+
+struct Counters {                                     // written by the pushing thread
+    uint64_t pushes = 0, outputs = 0, ahead = 0, late = 0, late_waited = 0, late_ns = 0, bad_rows = 0;
+};
+
+struct Stream {
+    int T = 0, in0 = 0, nl = 0, slot = 0, M = 0, Mp = 0, out_mode = 0;
+    const lstm::Fns* fn = nullptr;
+    const stream::Fns* hf = nullptr;
+    Layer* L = nullptr;
+    float *ring = nullptr, *P = nullptr, *zp = nullptr, *zc = nullptr, *Wt = nullptr, *hb = nullptr, *hout = nullptr;
+    uint64_t count = 0;                               // rows since create / reset (the pushing thread's)
+    std::atomic<uint64_t> state{0};
+    Counters n;
+    std::atomic<uint64_t> prepares{0}, prepare_ns{0}, prepare_ns_last{0};
+    // the helper thread
+    std::thread helper;
+    bool helper_on = false;
+    int spin_us = 0;
+    std::atomic<int> stop{0}, sleeping{0}, wake{0}, pinned{0};   // pinned: 0 pending, 1 ok, -1 core refused
+};
+
+void destroy(Stream* s);
+
+// Keras (rows, 4H) -> (rows, Np), zero columns after 4H.
+void pad_cols(const float* src, int rows, int N, int Np, float* dst) {
+    for (int r = 0; r < rows; r++) memcpy(dst + (size_t)r * Np, src + (size_t)r * N, sizeof(float) * N);
+}
+
+bool alloc_layer(Layer& y, int in, int H, int T, bool projected_here, const float* W, const float* U,
+                 const float* b, float clip) {
+    y.in = in; y.H = H; y.Hp = (H + 15) / 16 * 16; y.Np = (4 * H + 15) / 16 * 16;
+    y.clip = clip > 0 ? clip : 0;
+    y.W = falloc((size_t)in * y.Np); y.U = falloc((size_t)H * y.Np); y.b = falloc(y.Np);
+    y.seq = falloc((size_t)T * y.Hp); y.c = falloc(y.Hp);
+    if (projected_here) y.G = falloc((size_t)T * y.Np);
+    if (!y.W || !y.U || !y.b || !y.seq || !y.c || (projected_here && !y.G)) return false;
+    pad_cols(W, in, 4 * H, y.Np, y.W);
+    pad_cols(U, H, 4 * H, y.Np, y.U);
+    pad_cols(b, 1, 4 * H, y.Np, y.b);
+    return true;
+}
+
+// Window `id`'s steps 0 .. T-2 of every layer from the zero state (rows id-T+1 .. id-1): the work that does
+// not need row id (with T = 1 only the zero state). Nothing to do while fewer than T-1 rows precede it.
+void prepare_window(Stream* s, uint64_t id) {
+    const int T = s->T, n = T - 1;
+    if (id + 1 < (uint64_t)T) return;
+    const uint64_t t_start = now_ns();
+    const uint64_t first = id + 1 - (uint64_t)T;
+    for (int l = 0; l < s->nl; l++) {
+        Layer& y = s->L[l];
+        memset(y.c, 0, sizeof(float) * y.Hp);
+        if (l > 0) {
+            const Layer& p = s->L[l - 1];
+            s->fn->gemm(p.seq, p.Hp, n, y.in, y.W, y.Np, y.b, y.G);
+        }
+        for (int t = 0; t < n; t++) {
+            const float* g = l == 0 ? s->P + (size_t)((first + t) % T) * y.Np : y.G + (size_t)t * y.Np;
+            const float* hprev = t ? y.seq + (size_t)(t - 1) * y.Hp : nullptr;
+            s->fn->step(g, hprev, y.H, y.Np, y.U, y.c, y.seq + (size_t)t * y.Hp, s->zp, y.clip);
+        }
+    }
+    const uint64_t dt = now_ns() - t_start;
+    s->prepares.fetch_add(1, std::memory_order_relaxed);
+    s->prepare_ns.fetch_add(dt, std::memory_order_relaxed);
+    s->prepare_ns_last.store(dt, std::memory_order_relaxed);
+}
+
+// Make window `id` prepared: claim it (any state but RUN -> RUN) and prepare it here, or wait for the
+// thread that is preparing it. Returns whether this call waited on another thread.
+bool claim_and_prepare(Stream* s, uint64_t id) {
+    bool waited = false;
+    for (;;) {
+        uint64_t st = s->state.load(std::memory_order_acquire);
+        if (st == word(id, kDone)) return waited;
+        if (tag_of(st) == kRun) {
+            waited = true;
+            cpu_relax();
+            continue;
+        }
+        if (s->state.compare_exchange_strong(st, word(id, kRun), std::memory_order_acq_rel,
+                                             std::memory_order_acquire)) {
+            prepare_window(s, id);
+            s->state.store(word(id, kDone), std::memory_order_release);
+            return waited;
+        }
+    }
+}
+
+#if defined(__linux__)
+void futex_wait(std::atomic<int>* a, int seen) {
+    syscall(SYS_futex, reinterpret_cast<int*>(a), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+}
+void futex_wake(std::atomic<int>* a) {
+    syscall(SYS_futex, reinterpret_cast<int*>(a), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+#else
+void futex_wait(std::atomic<int>*, int) { std::this_thread::sleep_for(std::chrono::microseconds(50)); }
+void futex_wake(std::atomic<int>*) {}
+#endif
+
+// After a push: ask for window `id` to be prepared; wake the helper if it sleeps.
+void request(Stream* s, uint64_t id) {
+    s->state.store(word(id, kReq), std::memory_order_seq_cst);
+    if (s->helper_on && s->sleeping.load(std::memory_order_seq_cst)) {
+        s->wake.fetch_add(1, std::memory_order_seq_cst);
+        futex_wake(&s->wake);
+    }
+}
+
+// The helper thread: prepare each requested window; spin spin_us after the last one, then sleep until woken.
+void helper_main(Stream* s, int core) {
+#if defined(__linux__)
+    if (core >= CPU_SETSIZE) {
+        s->pinned.store(-1, std::memory_order_seq_cst);
+        return;
+    }
+    if (core >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(core, &set);
+        const int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+        s->pinned.store(rc == 0 ? 1 : -1, std::memory_order_seq_cst);
+        if (rc != 0) return;
+    } else {
+        s->pinned.store(1, std::memory_order_seq_cst);
+    }
+#else
+    s->pinned.store(core >= 0 ? -1 : 1, std::memory_order_seq_cst);     // no pinning here
+    if (core >= 0) return;
+#endif
+    uint64_t last_work = now_ns(), spins = 0;
+    while (!s->stop.load(std::memory_order_acquire)) {
+        uint64_t st = s->state.load(std::memory_order_acquire);
+        if (tag_of(st) == kReq && s->state.compare_exchange_strong(st, word(st >> 2, kRun), std::memory_order_acq_rel,
+                                                                   std::memory_order_acquire)) {
+            prepare_window(s, st >> 2);
+            s->state.store(word(st >> 2, kDone), std::memory_order_release);
+            last_work = now_ns();
+            continue;
+        }
+        cpu_relax();
+        if (++spins % 256 || now_ns() - last_work < (uint64_t)s->spin_us * 1000) continue;
+        const int seen = s->wake.load(std::memory_order_seq_cst);
+        s->sleeping.store(1, std::memory_order_seq_cst);
+        st = s->state.load(std::memory_order_seq_cst);
+        if (tag_of(st) != kReq && !s->stop.load(std::memory_order_seq_cst)) futex_wait(&s->wake, seen);
+        s->sleeping.store(0, std::memory_order_seq_cst);
+        last_work = now_ns();
+    }
+}
+
+void stop_helper(Stream* s) {
+    if (!s->helper_on) return;
+    s->stop.store(1, std::memory_order_seq_cst);
+    s->wake.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake(&s->wake);
+    s->helper.join();
+    s->helper_on = false;
+}
+
+void destroy(Stream* s) {
+    if (!s) return;
+    stop_helper(s);
+    if (s->L) {
+        for (int l = 0; l < s->nl; l++) {
+            Layer& y = s->L[l];
+            free(y.W); free(y.U); free(y.b); free(y.seq); free(y.c); free(y.G);
+        }
+    }
+    delete[] s->L;
+    free(s->ring); free(s->P); free(s->zp); free(s->zc); free(s->Wt); free(s->hb); free(s->hout);
+    delete s;
+}
+
+bool finite_row(const float* x, int n) {
+    bool ok = true;
+    for (int i = 0; i < n; i++) ok &= std::isfinite(x[i]);
+    return ok;
+}
+
+// Row id's critical path (window id prepared): per layer step T-1 with its projection fused in, the output.
+void critical(Stream* s, uint64_t id, float* out) {
+    const int T = s->T;
+    const size_t last = (size_t)T - 1, slot = (size_t)(id % (uint64_t)T);
+    const float* x = s->ring + slot * s->in0;
+    for (int l = 0; l < s->nl; l++) {
+        Layer& y = s->L[l];
+        const float* hprev = T > 1 ? y.seq + (last - 1) * y.Hp : nullptr;
+        float* g = l == 0 ? s->P + slot * y.Np : nullptr;
+        s->fn->step_in(y.b, x, y.in, y.W, g, hprev, y.H, y.Np, y.U, y.c, y.seq + last * y.Hp, s->zc, y.clip);
+        x = y.seq + last * y.Hp;
+    }
+    const Layer& z = s->L[s->nl - 1];
+    if (s->out_mode == kHeadOut) {
+        s->hf->head(x, z.H, s->Wt, s->Mp, s->hb, s->hout);
+        memcpy(out, s->hout, sizeof(float) * s->M);
+    } else if (s->out_mode == kLastH) {
+        memcpy(out, x, sizeof(float) * z.H);
+    } else {
+        for (int t = 0; t < T; t++) memcpy(out + (size_t)t * z.H, z.seq + (size_t)t * z.Hp, sizeof(float) * z.H);
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Copies the weights. Ws[l] (in_l, 4H_l), Us[l] (H_l, 4H_l), bs[l] (4H_l,): Keras layout, float32, in_0 = in0 and
+// in_l = H_{l-1}; clips[l] > 0 clamps layer l's c_t to +-clips[l] (TFLite's cell_clip; 0: none). out_mode 0: the
+// head's M outputs, head_w (M, H_last) (TFLite FULLY_CONNECTED layout), head_b (M,) or null (zeros); 1: the
+// last layer's last h (H_last,); 2: the last layer's whole h sequence (T, H_last). The SIMD target is the one in
+// force (cpu_dispatch.h). Returns nullptr when out of memory or on a bad size.
+void* edgehft_stream_create(int nl, int T, int in0, const int* Hs, const float* const* Ws, const float* const* Us,
+                            const float* const* bs, const float* clips, int M, const float* head_w,
+                            const float* head_b, int out_mode) {
+    if (nl < 1 || T < 1 || in0 < 1 || out_mode < 0 || out_mode > 2 || (out_mode == kHeadOut && (M < 1 || !head_w)))
+        return nullptr;
+    Stream* s = new (std::nothrow) Stream();
+    if (!s) return nullptr;
+    s->slot = simd_slot(current_slot());
+    s->fn = lstm::fns(s->slot);
+    s->hf = kHeadTable[s->slot];
+    s->T = T; s->in0 = in0; s->out_mode = out_mode;
+    s->L = new (std::nothrow) Layer[nl];
+    bool ok = s->L != nullptr && s->fn && s->hf;
+    if (ok) s->nl = nl;
+    int in = in0, maxN = 0;
+    for (int l = 0; l < nl && ok; l++) {
+        ok = Hs[l] >= 1 && alloc_layer(s->L[l], in, Hs[l], T, l > 0, Ws[l], Us[l], bs[l], clips ? clips[l] : 0.f);
+        if (ok) { maxN = std::max(maxN, s->L[l].Np); in = Hs[l]; }
+    }
+    if (ok) {
+        s->ring = falloc((size_t)T * in0); s->P = falloc((size_t)T * s->L[0].Np);
+        s->zp = falloc(maxN); s->zc = falloc(maxN);
+        ok = s->ring && s->P && s->zp && s->zc;
+    }
+    if (ok && out_mode == kHeadOut) {
+        const int H = s->L[nl - 1].H;
+        s->M = M; s->Mp = (M + 15) / 16 * 16;
+        s->Wt = falloc((size_t)H * s->Mp); s->hb = falloc(s->Mp); s->hout = falloc(s->Mp);
+        ok = s->Wt && s->hb && s->hout;
+        for (int m = 0; ok && m < M; m++) {
+            for (int k = 0; k < H; k++) s->Wt[(size_t)k * s->Mp + m] = head_w[(size_t)m * H + k];
+            s->hb[m] = head_b ? head_b[m] : 0.f;
+        }
+    }
+    if (!ok) { destroy(s); return nullptr; }
+    return s;
+}
+
+void edgehft_stream_destroy(void* p) { destroy(static_cast<Stream*>(p)); }
+
+// The target slot the stream runs (cpu_dispatch.h), chosen at create.
+int edgehft_stream_slot(void* p) { return static_cast<Stream*>(p)->slot; }
+
+// One row (in0 float32). Returns 0: the output of the window ending at this row written to out; 1: warming up
+// (fewer than T rows since create / reset: the row is kept, nothing written); -1: the row holds a NaN or an
+// infinity (nothing kept, nothing written).
+int edgehft_stream_push(void* p, const float* row, float* out) {
+    Stream* s = static_cast<Stream*>(p);
+    if (!finite_row(row, s->in0)) {
+        s->n.bad_rows++;
+        return -1;
+    }
+    const uint64_t id = s->count;
+    const size_t slot = (size_t)(id % (uint64_t)s->T);
+    memcpy(s->ring + slot * s->in0, row, sizeof(float) * s->in0);
+    s->n.pushes++;
+    if (id + 1 < (uint64_t)s->T) {                     // warming up: only the row's projection, for later windows
+        const Layer& y = s->L[0];
+        s->fn->gemm(row, s->in0, 1, y.in, y.W, y.Np, y.b, s->P + slot * y.Np);
+        s->count = id + 1;
+        if (id + 2 >= (uint64_t)s->T) request(s, id + 1);   // the next window can be prepared now
+        return 1;
+    }
+    if (s->state.load(std::memory_order_acquire) == word(id, kDone)) {
+        s->n.ahead++;
+    } else {
+        const uint64_t t0 = now_ns();
+        if (claim_and_prepare(s, id)) s->n.late_waited++;
+        s->n.late++;
+        s->n.late_ns += now_ns() - t0;
+    }
+    critical(s, id, out);
+    s->count = id + 1;
+    s->n.outputs++;
+    request(s, id + 1);
+    return 0;
+}
+
+// The ahead-of-tick work for the window the next push completes (waits if the helper is on it). Returns 0 when
+// that window is prepared, 1 when it needs more rows first (warming up: nothing to prepare).
+int edgehft_stream_prepare(void* p) {
+    Stream* s = static_cast<Stream*>(p);
+    if (s->count + 1 < (uint64_t)s->T) return 1;
+    claim_and_prepare(s, s->count);
+    return 0;
+}
+
+// Forget every row (a prepare running on the helper finishes first). Counters are kept.
+void edgehft_stream_reset(void* p) {
+    Stream* s = static_cast<Stream*>(p);
+    for (;;) {
+        uint64_t st = s->state.load(std::memory_order_acquire);
+        if (tag_of(st) == kRun) {
+            cpu_relax();
+            continue;
+        }
+        if (s->state.compare_exchange_strong(st, word(0, kNone), std::memory_order_acq_rel)) break;
+    }
+    s->count = 0;
+}
+
+// Rows since create / reset.
+uint64_t edgehft_stream_rows(void* p) { return static_cast<Stream*>(p)->count; }
+
+// Starts the helper thread (pinned to `core` when core >= 0; it spins spin_us after its last prepare, then
+// sleeps until the next push). Returns 0; -1 when it already runs; -2 when no thread can be started; -3 when the
+// core is refused (not one this process may run on; no thread is left running then).
+int edgehft_stream_start_helper(void* p, int core, int spin_us) {
+    Stream* s = static_cast<Stream*>(p);
+    if (s->helper_on) return -1;
+    s->spin_us = spin_us < 0 ? 0 : spin_us;
+    s->stop.store(0);
+    s->pinned.store(0);
+    try {
+        s->helper = std::thread(helper_main, s, core);
+    } catch (...) {
+        return -2;
+    }
+    int pinned;
+    while ((pinned = s->pinned.load(std::memory_order_seq_cst)) == 0) std::this_thread::yield();
+    if (pinned < 0) {
+        s->helper.join();
+        return -3;
+    }
+    s->helper_on = true;
+    return 0;
+}
+
+// out[0..12): pushes, outputs, prepared ahead, prepared late, late pushes that waited on the helper, ns spent
+// by late pushes on prepare, windows prepared, ns in prepare in all, ns of the last prepare, rows since reset,
+// rows refused (not finite), whether the helper runs.
+void edgehft_stream_counters(void* p, uint64_t* out) {
+    const Stream* s = static_cast<Stream*>(p);
+    const uint64_t v[12] = {s->n.pushes, s->n.outputs, s->n.ahead, s->n.late, s->n.late_waited, s->n.late_ns,
+                            s->prepares.load(std::memory_order_relaxed), s->prepare_ns.load(std::memory_order_relaxed),
+                            s->prepare_ns_last.load(std::memory_order_relaxed), s->count, s->n.bad_rows,
+                            (uint64_t)s->helper_on};
+    memcpy(out, v, sizeof(v));
+}
+
+// The head alone on h (H_last floats) into out (M floats), exactly as push computes it (to check it against the
+// plan's own head). Returns 0, or 1 for a stream without a head.
+int edgehft_stream_head(void* p, const float* h, float* out) {
+    Stream* s = static_cast<Stream*>(p);
+    if (s->out_mode != kHeadOut) return 1;
+    s->hf->head(h, s->L[s->nl - 1].H, s->Wt, s->Mp, s->hb, s->hout);
+    memcpy(out, s->hout, sizeof(float) * s->M);
+    return 0;
+}
+
+// The rows of the current window, oldest first, into out (min(rows, T) x in0); returns how many.
+int edgehft_stream_window(void* p, float* out) {
+    const Stream* s = static_cast<Stream*>(p);
+    const uint64_t n = std::min<uint64_t>(s->count, (uint64_t)s->T);
+    for (uint64_t i = 0; i < n; i++) {
+        const uint64_t row = s->count - n + i;
+        memcpy(out + i * s->in0, s->ring + (size_t)(row % s->T) * s->in0, sizeof(float) * s->in0);
+    }
+    return (int)n;
+}
+
+}  // extern "C"
+}  // namespace edgehft
+#endif  // HWY_ONCE
