@@ -46,6 +46,7 @@ class CompileOptions:
     lowering: str = "auto"                   # auto | native (Keras 3 graph as is; for diagnosis)
     seed: int = 0
     select: str = "p99"                      # auto: the percentile the plans are chosen by (p50 | p99 | p99.9)
+    candidates: tuple[str, ...] | None = None  # auto: only these plans are measured (None: every plan that applies)
     # options only one board kind takes, as its backend's BoardOptions.collect makes them (edgehft.board_options),
     # e.g. Coral's {"edgetpu": EdgeTPUFlags(...), "edgetpu_model": Path}
     board_options: dict = field(default_factory=dict)
@@ -150,12 +151,29 @@ def _check_request(model: Path, calib: list, opts: CompileOptions):
     if quant == "auto" and not stage.plans_on_host:
         raise InputError(f"--quant auto measures execution plans on this host: it is for the cpu board, "
                          f"not {board.name}", hint=f"choose one of {', '.join(board.quantization)}")
+    _check_candidates(opts.candidates, quant)
     if quant not in board.quantization and quant != "auto" and not as_is:
         raise InputError(f"board {board.name} does not take --quant {quant}",
                          hint=f"choose one of {', '.join(board.quantization)}")
     if not calib and not as_is:
         raise InputError("--calib is required to quantize a Keras model", hint="pass tick windows or raw feeds")
     return board, stage, quant, as_is
+
+
+def _check_candidates(candidates, quant: str) -> None:
+    """``opts.candidates`` names auto's plans (int8, dynamic, float, native, native-bf16, ort-float, ort-int8).
+
+    Raises:
+        InputError: candidates without ``--quant auto``, none, or a name that is not one of those plans.
+    """
+    if candidates is None:
+        return
+    from edgehft.compiler.plans import AUTO_PLANS
+    unknown = [c for c in candidates if c not in AUTO_PLANS]
+    if quant != "auto" or not candidates or unknown:
+        raise InputError(f"candidates {list(candidates)!r}: --quant auto chooses among {', '.join(AUTO_PLANS)}"
+                         + (f"; not {', '.join(map(repr, unknown))}" if unknown else ""),
+                         hint="name some of those plans with --quant auto, or leave candidates out (every plan)")
 
 
 def _convert(model: Path, x: np.ndarray, board, stage, quant: str, opts: CompileOptions, work: Path, say):
@@ -172,7 +190,7 @@ def _convert(model: Path, x: np.ndarray, board, stage, quant: str, opts: Compile
     if quant == "auto" or quant.startswith("native"):  # int8 is model.tflite; others model_<plan>.tflite
         from edgehft.compiler.plans import CANDIDATES
         req.update(quant="int8", plans=list(CANDIDATES))
-    if board.backend == "cpu":                          # the ONNX Runtime plans: the float ONNX export too
+    if board.backend == "cpu" and _wanted(opts, "ort-float", "ort-int8"):   # ONNX Runtime plans: the ONNX export
         from edgehft.compiler.ort_plans import worker_request
         req.update(worker_request(quant))
     req.update(stage.worker_request(board, quant))
@@ -191,13 +209,18 @@ def _evaluate_plan(quant: str, model_file: Path, work: Path, ev: dict, say):
     if quant == "auto":
         from edgehft.compiler.plans import CANDIDATES, Candidate, choose, passes, time_plans
         cands = []
-        for plan in CANDIDATES:
+        for plan in (p for p in CANDIDATES if _wanted(ev["opts"], p)):
             f = work / "worker" / ("model.tflite" if plan == "int8" else f"model_{plan}.tflite")
             say(f"plan {plan}: golden vectors and drift on the cpu runtime")
             r = _evaluate(f, plan, work / f"plan_{plan}", **ev)
             cands.append(Candidate(plan, r["draft"], r["gold"], r["drift"], r))
-        cands += _native_candidates(work, ev, say)
-        cands += _ort_candidates(work, ev, say)
+        for more, names in ((_native_candidates, ("native", "native-bf16")),
+                            (_ort_candidates, ("ort-float", "ort-int8"))):
+            if _wanted(ev["opts"], *names):
+                cands += [c for c in more(work, ev, say) if _wanted(ev["opts"], c.plan)]
+        if not cands:
+            raise InputError(f"none of the candidate plans {', '.join(ev['opts'].candidates)} applies to "
+                             f"{ev['model'].name} here", hint="name other candidates, or leave them out (every plan)")
         say("plans: time " + ", ".join(c.plan for c in cands) + " interleaved on one pinned core")
         timing = time_plans({c.plan: c.bundle for c in cands}, ev["board"], ev["held"])
         best, plan_section = choose(cands, timing, ev["opts"].select)
@@ -211,6 +234,11 @@ def _evaluate_plan(quant: str, model_file: Path, work: Path, ev: dict, say):
         return _ort_candidates(work, ev, say, only=quant)[0].evaluated, quant, None
     say("golden vectors and drift on the cpu runtime")
     return _evaluate(model_file, quant, work / "draft", **ev), quant, None
+
+
+def _wanted(opts: CompileOptions, *plans: str) -> bool:
+    """Whether any of ``plans`` is a candidate of ``--quant auto`` under ``opts.candidates`` (None: all)."""
+    return opts.candidates is None or any(p in opts.candidates for p in plans)
 
 
 def _gate_drift(drift, opts: CompileOptions, warnings: list) -> None:

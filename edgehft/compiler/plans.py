@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 CANDIDATES = ("int8", "dynamic", "float")      # converted by the worker; native and ort plans join where they apply
+AUTO_PLANS = (*CANDIDATES, "native", "native-bf16", "ort-float", "ort-int8")   # every plan auto may measure
 
 
 # What each native plan runs where, said in the compile report

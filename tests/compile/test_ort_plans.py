@@ -21,7 +21,7 @@ from edgehft.bundle import FORMAT_VERSION_FOR_PLAN, MANIFEST, load_bundle, sha25
 from edgehft.cli import main
 from edgehft.compiler import ort_plans
 from edgehft.compiler.pipeline import CompileOptions, compile_model
-from edgehft.errors import DTypeError, NonFiniteInputError, ShapeError
+from edgehft.errors import DTypeError, InputError, NonFiniteInputError, ShapeError
 from edgehft.runtime import cpu as cpu_runtime
 
 pytestmark = [pytest.mark.slow,
@@ -244,3 +244,14 @@ def test_an_export_that_fails_leaves_the_ort_plans_out(tmp_path):
     said = []
     assert pipeline._ort_candidates(tmp_path, {"info": {"onnx": info}}, said.append) == []
     assert said == [f"plans ort-float, ort-int8: skipped ({info['error']})"]
+
+
+def test_candidates_name_the_plans_auto_measures(mlp, tmp_path):
+    """CompileOptions.candidates (e.g. a fleet without onnxruntime: the LiteRT and native plans only) is
+    checked before anything runs."""
+    for cands, quant, said in ((("int8", "onnx"), "auto", "not 'onnx'"), (("int8",), "int8", "--quant auto chooses"),
+                               ((), "auto", "--quant auto chooses among int8, dynamic, float, native")):
+        with pytest.raises(InputError, match=said) as e:
+            compile_model(mlp / "mlp.keras", [mlp / "x.npy"], tmp_path / "x",
+                          CompileOptions(board="cpu", quant=quant, candidates=cands))
+        assert e.value.exit_code == 3 and not (tmp_path / "x").exists()

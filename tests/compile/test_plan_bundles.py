@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from edgehft import runtime
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
 from edgehft.cli import main
-from edgehft.compiler import plans
+from edgehft.compiler import ort_plans, plans
 from edgehft.compiler.pipeline import CompileOptions, compile_model
 from edgehft.errors import BundleError, InputError
 from edgehft.runtime.plans import check_select, pick
@@ -214,8 +214,9 @@ def test_pick_ties_eligible_and_unknown_select():
 @pytest.fixture
 def fixed_timing(monkeypatch):
     """plans.time_plans returning FIGURES (each plan's drift is still measured): the choice is deterministic."""
-    monkeypatch.setattr(plans, "time_plans", lambda bundles, *a, **k: {**{p: dict(FIGURES[p]) for p in bundles},
-                                                                       "_core": 0})
+    slow = {"p50_us": 50.0, "p99_us": 500.0, "p99.9_us": 900.0, "mean_us": 60.0, "p99_over_p50": 10.0}   # ORT plans
+    monkeypatch.setattr(plans, "time_plans", lambda bundles, *a, **k: {**{p: dict(FIGURES.get(p, slow)) for p in
+                                                                          bundles}, "_core": 0})
 
 
 def test_compile_select_sets_the_top_level(mlp, tmp_path, fixed_timing):
@@ -229,7 +230,8 @@ def test_compile_select_sets_the_top_level(mlp, tmp_path, fixed_timing):
         tops[select] = b.manifest.quantization.mode
         assert _report_plan(b.path)["select"] == select
         assert b.manifest.plans[tops[select]].compile_host["p99_us"] == FIGURES[tops[select]]["p99_us"]
-        assert set(b.plan_names()) == {"int8", "dynamic", "float"}          # the MLP's plans all pass the gate
+        ort = set() if ort_plans.unavailable() else set(ort_plans.ORT_PLANS)
+        assert set(b.plan_names()) == {"int8", "dynamic", "float"} | ort    # the MLP's plans all pass the gate
     assert tops == {"p50": "int8", "p99": "float"}
     bad = CliRunner().invoke(main, ["compile", str(mlp / "mlp.keras"), "--calib", str(mlp / "x.npy"),
                                     "--select", "p95", "--out", str(tmp_path / "x")])

@@ -45,7 +45,8 @@ def plan_bundles(mlp, tmp_path_factory) -> dict:
     versions, and a copy whose int8 plan's golden vectors are off by one LSB in window 3."""
     work = tmp_path_factory.mktemp("plan-deploy")
     src = work / "mlp.auto"
-    compile_model(mlp / "mlp.keras", [mlp / "x.npy"], src, CompileOptions(board="cpu", quant="auto"))
+    compile_model(mlp / "mlp.keras", [mlp / "x.npy"], src,          # the LiteRT plans (ORT: test_deploy_ort_plans)
+                  CompileOptions(board="cpu", quant="auto", candidates=("int8", "dynamic", "float")))
     assert len(load_bundle(src).plan_names()) == 3
     out = {}
     for tag in ("v1", "v2"):
