@@ -21,7 +21,7 @@ from edgehft.bundle import FORMAT_VERSION_FOR_PLAN, MANIFEST, load_bundle, sha25
 from edgehft.cli import main
 from edgehft.compiler import ort_plans
 from edgehft.compiler.pipeline import CompileOptions, compile_model
-from edgehft.errors import DTypeError, InputError, NonFiniteInputError, ShapeError
+from edgehft.errors import BundleError, DTypeError, InputError, NonFiniteInputError, ShapeError
 from edgehft.runtime import cpu as cpu_runtime
 
 pytestmark = [pytest.mark.slow,
@@ -255,3 +255,61 @@ def test_candidates_name_the_plans_auto_measures(mlp, tmp_path):
             compile_model(mlp / "mlp.keras", [mlp / "x.npy"], tmp_path / "x",
                           CompileOptions(board="cpu", quant=quant, candidates=cands))
         assert e.value.exit_code == 3 and not (tmp_path / "x").exists()
+
+
+def test_the_first_open_of_an_ort_plan_is_isolated_and_keyed_by_onnxruntime(mlp_ort, tmp_path, monkeypatch):
+    import onnxruntime as ort
+
+    from edgehft.runtime import isolate
+    monkeypatch.setenv("EDGEHFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(isolate, "_passed", set())
+    sub = load_bundle(mlp_ort).plan("ort-int8")
+    board = load_board("cpu")
+    assert isolate._engine_versions(sub)["onnxruntime"] == ort.__version__
+    assert isolate.first_open(sub, board, 1, {}) is True               # a child opened it and ran it once
+    assert len(list((tmp_path / "cache" / "opened").iterdir())) == 1
+    assert isolate.first_open(sub, board, 1, {}) is False              # remembered: no child the second time
+    with pytest.raises(BundleError, match=r"ONNX Runtime crashed \(SIGSEGV\) while opening it, in an isolated"):
+        isolate._raise_for({"signal": "SIGSEGV", "step": "opening it"}, "bundle b", isolate._engine(sub))
+
+
+@pytest.fixture(scope="module")
+def ort_on_top(mlp, tmp_path_factory) -> Path:
+    """The example MLP with --quant auto, ort-float's measured figures made the lowest (the drift gate still
+    decides): the ONNX Runtime plan at the bundle's top level, what a host where ONNX Runtime is fastest gets."""
+    from edgehft.compiler import plans
+    real = plans.time_plans
+
+    def ort_first(bundles, *a, **k):
+        t = real(bundles, *a, **k)
+        t["ort-float"] = {**t["ort-float"], "p50_us": 1e-3, "p99_us": 1e-3, "p99.9_us": 1e-3}
+        return t
+    out = tmp_path_factory.mktemp("ort-top") / "mlp.auto"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(plans, "time_plans", ort_first)
+    try:
+        compile_model(mlp / "mlp.keras", [mlp / "x.npy"], out, CompileOptions(board="cpu", quant="auto"))
+    finally:
+        mp.undo()
+    return out
+
+
+def test_an_ort_plan_at_the_top_level(ort_on_top):
+    b = load_bundle(ort_on_top)
+    m = b.manifest
+    assert m.quantization.mode == "ort-float" and m.model_file == "model.onnx" and m.format_version == 3
+    assert m.artifacts["int8_ir"] == "model_int8.tflite" and "model_int8.tflite" in m.files
+    assert not (ort_on_top / "model.tflite").exists() and m.plans["ort-float"].dir is None
+    rep = json.loads((ort_on_top / "report.json").read_text())
+    assert rep["plan"]["chosen"] == "ort-float" and "the ort-float plan: model.onnx is the float32 ONNX" in \
+        rep["plan"]["reference"]
+    assert [o["op"] for o in rep["ops"]] == ["MatMul", "Relu"] * 4 + ["MatMul"]      # the ONNX graph's nodes
+    assert rep["golden"]["reference_kernels_path"].endswith("ORT_DISABLE_ALL (Q/DQ as float ops)")
+    for name in ("int8", "dynamic", "float"):                       # the LiteRT plans: sub-bundles, format 1
+        assert b.plan(name).manifest.format_version == 1 and b.plan(name).manifest.model_file == "model.tflite"
+    with runtime.open(ort_on_top) as r:
+        assert r.plan == "ort-float" and r.plan_source.startswith("the bundle's top level")
+        from edgehft.bundle_checks import check_golden
+        assert check_golden(r)["ok"]
+    res = CliRunner().invoke(main, ["run", str(ort_on_top), "--golden", "--plan", "dynamic", "--json"])
+    assert res.exit_code == 0 and json.loads(res.output.strip().splitlines()[-1])["ok"], res.output
