@@ -102,7 +102,8 @@ def test_a_box_without_onnxruntime_leaves_the_ort_plans_out_and_picks_among_the_
         why = rec["excluded"][plan]
         assert "ONNX Runtime is not installed here" in why and "pip install onnxruntime" in why
         assert r["golden"]["plans"][plan] == {"ok": False, "skipped": why}
-        assert any(w.startswith(f"plan {plan} left out on the box: ONNX Runtime is not installed") for w in r["warnings"])
+        assert any(w.startswith(f"plan {plan} left out on the box: ONNX Runtime is not installed")
+                   for w in r["warnings"])
     assert set(rec["measured"]) == set(load_bundle(ort_bundles["v1"]).plan_names()) - set(ORT)
     assert rec["plan"] == pick(rec["measured"], "p99") and rec["plan"] not in ORT
     on_box = json.loads((root / "plan" / f"{r['version']}.json").read_text())
