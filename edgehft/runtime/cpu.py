@@ -153,6 +153,17 @@ class Runner(_Runner):
         return {"steps": steps, "input_names": self.chain_input_names, "run_step": self.run_step,
                 "bound": getattr(self, "_bound_steps", None), "staging_in": getattr(self, "_staging_in", None)}
 
+    def stream(self, prepare: str = "inline", core: int | None = None, spin_us: int = 1000):
+        """Streaming inference on this runner's native plan (issue 21): ``push(row)`` one tick at a time, the
+        output of the window of the last T rows, equal to ``predict`` of that window bit for bit
+        (:mod:`edgehft.streaming.stream`). ``prepare``: ``"inline"`` (call ``stream.prepare()`` between ticks)
+        or ``"thread"`` (a helper thread, pinned to ``core`` when given, prepares after each push).
+
+        Raises:
+            InputError: the model or plan does not stream here (the message says why)."""
+        from edgehft.streaming.stream import open_stream
+        return open_stream(self, prepare=prepare, core=core, spin_us=spin_us)
+
     def _bind_float_fast_path(self) -> None:
         """Float plans (``--quant dynamic``/``float``, or ``auto`` choosing one): one float32 input and output.
         ``predict`` then does a type/shape check, one reduction for the finiteness check (NaN/inf propagate
