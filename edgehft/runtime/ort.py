@@ -24,6 +24,7 @@ per call (a ``None`` RunOptions made one per call). Nothing here imports TensorF
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -221,10 +222,9 @@ class Binding:
         self._options = RunOptions()
         c_session, c_binding = getattr(session, "_sess", None), getattr(self._io, "_iobinding", None)
         if c_session is not None and c_binding is not None:     # the C-level call: no wrapper work per call
-            run, options = c_session.run_with_iobinding, self._options
-            self.invoke = lambda: run(c_binding, options)
+            self.invoke = functools.partial(c_session.run_with_iobinding, c_binding, self._options)
         else:
-            self.invoke = lambda: session.run_with_iobinding(self._io, self._options)
+            self.invoke = functools.partial(session.run_with_iobinding, self._io, self._options)
 
     def close(self) -> None:
         """Drop the binding and the session (the buffers stay valid numpy arrays)."""
