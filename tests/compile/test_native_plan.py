@@ -34,7 +34,8 @@ def native_bundle(models, tmp_path_factory):
     mp.setattr(plans, "time_plans", native_first)
     try:
         compile_model(models / "k3_lstm.keras", [models / "calib.npy"], out,   # no ORT plans: native is the subject
-                      CompileOptions(board="cpu", quant="auto", candidates=(*plans.CANDIDATES, "native", "native-bf16")))
+                      CompileOptions(board="cpu", quant="auto",
+                                     candidates=(*plans.CANDIDATES, "native", "native-bf16")))
     finally:
         mp.undo()
     return out
