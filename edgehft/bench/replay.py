@@ -7,6 +7,11 @@ Latency is the duration of the ``predict`` call; for ``recorded`` the start dela
 is reported too (it is non-zero when the model cannot keep up). A recorded gap longer than
 :data:`MAX_GAP_S` (after ``speed``: a weekend, a capture restart, a forged timestamp) is replayed as
 ``MAX_GAP_S`` and the result says how many were capped and the largest.
+
+Streaming (``bench --streaming``, issue 21): :func:`replay_stream` feeds the windows' rows one per tick to
+``runner.stream()`` and times ``push`` (the row handed to push to the output written), then the inline
+``prepare()`` after it, and whether that prepare was done before the next tick arrived; under ``max`` it never
+is (the next tick is there as the signal is out), so each tick costs push + prepare, which it reports too.
 """
 from __future__ import annotations
 
@@ -172,3 +177,98 @@ def histogram_png(result: ReplayResult, path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --- streaming (issue 21): one row per tick through runner.stream() -------------------------------------------
+
+def stream_rows(windows: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The rows a stream is fed for ``windows`` (N, T, *row) float32: the first window's rows then each later
+    window's newest row, when every window is the one before it moved by one row (a feature pipeline's windows
+    over a feed); otherwise (windows that do not slide, e.g. random ones) every window's newest row, each after
+    the first T-1 rows of window 0. Returns ``(rows (T-1+N, *row), sliding)``."""
+    x = np.ascontiguousarray(windows, np.float32)
+    sliding = bool(len(x) > 1 and np.array_equal(x[1:, :-1], x[:-1, 1:]))
+    return np.concatenate([x[0, :-1], x[:, -1]]), sliding
+
+
+@dataclass
+class StreamReplayResult:
+    """A streaming replay: per timed tick the push latency (the row handed to push to the output written),
+    the inline prepare after it, whether that prepare finished before the next tick arrived (never under
+    ``max``: back to back, the next tick is there as the signal is out), the push's start delay behind its tick
+    (the unhidden prepare shows there), and ``combined_ns`` push + prepare (what a back-to-back feed pays per
+    tick)."""
+    mode: str
+    latency_ns: np.ndarray           # (samples,) int64: push
+    prepare_ns: np.ndarray           # (samples,) int64: prepare() after the push
+    combined_ns: np.ndarray
+    start_delay_ns: np.ndarray       # (samples,) int64: the push's start behind its tick's arrival
+    hidden: np.ndarray               # (samples - 1,) bool: prepare done before the next tick arrived
+    warmup: int
+    counters: dict
+    gaps_capped: dict | None = None
+
+    def summary(self) -> dict:
+        share = float(self.hidden.mean()) if len(self.hidden) else 0.0
+        return {"mode": self.mode, "samples": int(len(self.latency_ns)), "warmup": self.warmup,
+                "latency_us": summarize_us(self.latency_ns), "prepare_us": summarize_us(self.prepare_ns),
+                "push_prepare_us": summarize_us(self.combined_ns),
+                "start_delay_us": summarize_us(self.start_delay_ns), "prepared_before_tick": share, "stream_counters": self.counters, "gaps_capped": self.gaps_capped}
+
+
+def replay_stream(stream, rows: np.ndarray, window: int, t_ns: np.ndarray | None = None, mode: str = "max",
+                  warmup: int = 200, samples: int | None = None, speed: float = 1.0, burst_size: int = 32,
+                  burst_gap_us: float = 1000.0) -> StreamReplayResult:
+    """Feed ``rows`` (from :func:`stream_rows`) one per tick to ``stream`` (``runner.stream()``, inline
+    prepare): the first ``window - 1`` untimed, then warm-up + samples ticks (cycling over the ticks' rows),
+    each timed as ``push`` (row handed over to output written), then ``prepare()`` timed after it. ``t_ns``:
+    one receive time per tick (per window), for ``recorded``.
+
+    Raises:
+        InputError: unknown mode, or ``recorded`` without timestamps."""
+    if mode not in MODES:
+        raise InputError(f"unknown replay mode {mode!r}", hint=f"choose one of {', '.join(MODES)}")
+    if mode == "recorded" and t_ns is None:
+        raise InputError("--replay recorded needs tick timestamps",
+                         hint="use a raw feed with the model's feature pipeline, or an .npz with 't_ns'")
+    ticks = rows[window - 1:]
+    n = len(ticks)
+    total = warmup + (samples or n)
+    gaps, capped = recorded_gaps(t_ns, speed) if mode == "recorded" else (None, None)
+    push, prepare = stream.push, stream.prepare
+    for row in rows[:window - 1]:
+        push(row)
+        prepare()
+    lat, prep, delay, hidden = (np.zeros(total, np.int64) for _ in range(4))
+    perf = time.perf_counter_ns
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        before = stream.counters
+        due = t1 = t2 = perf()
+        for i in range(total):
+            # when tick i arrives: recorded, at its time; burst, a gap after the signal before it (or, inside a
+            # burst, as that signal is out); max, as the signal before it is out (so its prepare cannot hide)
+            if mode == "recorded":
+                due += int(gaps[i % n]) if i % n else 0
+            elif mode == "burst" and i and i % burst_size == 0:
+                due = t1 + int(burst_gap_us * 1e3)
+            else:
+                due = t1 if i else due
+            if i:
+                hidden[i - 1] = t2 <= due
+            spin_until(due)
+            t0 = perf()
+            push(ticks[i % n])
+            t1 = perf()
+            prepare()
+            t2 = perf()
+            lat[i], prep[i], delay[i] = t1 - t0, t2 - t1, max(0, t0 - due)
+    finally:
+        if gc_was:
+            gc.enable()
+    after = stream.counters
+    counters = {k: after[k] - before[k] for k in ("outputs", "prepared_ahead", "prepared_late")}
+    keep = slice(warmup, total - 1)             # the last tick has no next tick to hide its prepare before
+    return StreamReplayResult(mode, lat[warmup:], prep[warmup:], (lat + prep)[warmup:], delay[warmup:],
+                              hidden[keep].astype(bool), warmup, counters, capped)

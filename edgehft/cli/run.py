@@ -94,16 +94,29 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
               help="Time per op (per step for partitioned boards) instead of replaying: each op alone and the "
                    "whole model, interleaved; --samples rounds (default 200); without --ticks, the golden inputs.")
 @click.option("--top", default=0, type=click.IntRange(min=0), help="--profile: show only the N slowest ops.")
+@click.option("--streaming", is_flag=True,
+              help="Feed the ticks one row at a time through runner.stream() (cpu native LSTM plans): tick-to-signal "
+                   "latency of push, the prepare after each push (inline), and the share of ticks whose prepare "
+                   "was done before they arrived.")
 @runner_opts
 @json_opt
 @handles_errors
 def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, profile, top,
-              board, threads, affinity, emulate, device, overlay, as_json):
-    """Replay real ticks through BUNDLE and print latency percentiles in µs (or, with --profile, time per op)."""
+              streaming, board, threads, affinity, emulate, device, overlay, as_json):
+    """Replay real ticks through BUNDLE and print latency percentiles in µs (or, with --profile, time per op; with
+    --streaming, one row per tick through the streaming runtime)."""
     from edgehft.bench.fingerprint import machine_fingerprint
     from edgehft.bench.replay import check_plot_target, histogram_png, replay
     if plot:
         check_plot_target(plot)
+    if streaming:
+        if profile:
+            raise click.UsageError("--profile times the plan op by op; it has no --streaming split yet: drop one")
+        if not ticks:
+            raise click.UsageError("give --ticks FILE")
+        return _bench_streaming(bundle, ticks, run_features, dict(mode=mode, warmup=warmup, samples=samples or None,
+                                speed=speed, burst_size=burst_size, burst_gap_us=burst_gap_us), plot,
+                                (board, threads, affinity, emulate, device, overlay, as_json))
     if profile:
         return _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate,
                         device, overlay, as_json)
@@ -141,6 +154,70 @@ def _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, 
         click.echo(json.dumps(res))
         return
     print_profile(res, out, top)
+
+
+def _bench_streaming(bundle, ticks, run_features, replay_kw: dict, plot, runner_args) -> None:
+    """``bench --streaming``: the windows' rows through ``runner.stream()`` (:func:`edgehft.bench.replay.replay_stream`).
+
+    Raises:
+        InputError: a runner without a streaming runtime, or a model/plan it does not stream (the reason)."""
+    from edgehft.bench.fingerprint import machine_fingerprint
+    from edgehft.bench.replay import histogram_png, replay_stream, stream_rows
+    from edgehft.errors import InputError
+    as_json = runner_args[-1]
+    with open_runner(bundle, *runner_args) as r:
+        if not callable(getattr(r, "stream", None)):
+            raise InputError(f"board {r.board} has no streaming runtime (the cpu board's native plans stream)",
+                             hint="bench it without --streaming")
+        w = bundle_windows(r.bundle, ticks, run_features=run_features)
+        rows, sliding = stream_rows(w.x)
+        with r.stream() as s:
+            res = replay_stream(s, rows, int(r.bundle.manifest.inputs[0].shape[1]), w.t_ns, **replay_kw)
+            report = {"bundle": str(r.bundle.path), "runner": r.describe(), "plan": _plan_of(r),
+                      "plan_source": getattr(r, "plan_source", None), "streaming": True, "stream": s.describe(),
+                      "windows_slide": sliding, **res.summary(), "budget_us": dict(r.board_spec.latency_budget_us),
+                      "speed": replay_kw["speed"] if replay_kw["mode"] == "recorded" else None,
+                      "fingerprint": machine_fingerprint()}
+    if plot:
+        histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, stream push, replay "
+                                 f"{replay_kw['mode']}, {len(res.latency_ns)} ticks")
+        report["plot"] = plot
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    print_stream_bench(report)
+
+
+def print_stream_bench(report: dict) -> None:
+    """The streaming bench as people read it: push, prepare and push + prepare percentiles, the share of ticks
+    whose prepare was done before they arrived, what the figure includes."""
+    t = Table(title=f"streaming (stream.push, prepare inline) µs — {report['samples']} ticks after {report['warmup']} "
+                    f"warm-up, replay {report['mode']}", title_justify="left")
+    t.add_column("")
+    for c in ("p50", "p90", "p99", "p99.9", "max", "mean"):
+        t.add_column(c, justify="right")
+    for name, key in (("tick to signal (push)", "latency_us"), ("prepare after the push", "prepare_us"),
+                      ("push + prepare", "push_prepare_us"), ("push start behind its tick", "start_delay_us")):
+        t.add_row(name, *(f"{report[key][k]:.1f}" for k in ("p50", "p90", "p99", "p99.9", "max", "mean")))
+    out.print(t)
+    st, share = report["stream"], report["prepared_before_tick"]
+    if report["mode"] == "max":
+        out.print("replay max: ticks back to back, so the prepare cannot hide before the next tick: each tick costs "
+                  f"push + prepare, p50 {report['push_prepare_us']['p50']:.1f} µs, p99 "
+                  f"{report['push_prepare_us']['p99']:.1f} µs", highlight=False)
+    else:
+        out.print(f"prepare done before the next tick arrived: {share:.1%} of ticks", highlight=False)
+    macs = st.get("macs") or {}
+    out.print(f"stream: kernels {st['isa']}, head {st['head']}, window {st['window']} rows"
+              + (f", MACs per tick {macs['critical']:,} critical / {macs['prepare']:,} prepare / {macs['window']:,} "
+                 "whole window" if macs else "")
+              + ("" if report["windows_slide"] else "; the tick file's windows do not slide by one row: their "
+                 "newest rows were streamed"), highlight=False)
+    out.print("tick to signal here: a row in memory handed to push until its output is in memory, in this process "
+              "(Python's push included)", highlight=False)
+    fp, r = report["fingerprint"], report["runner"]
+    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']}, affinity "
+              f"{fp['affinity']}); {r.get('interpreter', r['board'])}, plan {report['plan']}", highlight=False)
 
 
 def _plan_of(runner) -> str:

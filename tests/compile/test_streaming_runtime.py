@@ -239,3 +239,42 @@ def test_a_closed_stream_refuses_every_call(bundles):
             with pytest.raises(RunnerStateError, match="closed"):
                 call()
         assert r.predict(_rows(50, F_A)).shape == (1, 1)
+
+
+def _bench(args):
+    from click.testing import CliRunner
+    from edgehft.cli import main
+    return CliRunner().invoke(main, ["bench", *map(str, args)])
+
+
+def test_bench_streaming(bundles, tmp_path):
+    """edgehft bench --streaming: sliding windows of a feed are streamed as their rows (windows_slide), every tick
+    timed as push then prepare; under --replay max no prepare is ever done before the next tick (it is there as
+    the signal is out: the report says so and gives push + prepare); under recorded the counters and the share
+    are reported; random windows are streamed by their newest rows. A bundle that does not stream: exit 3 with
+    the reason; with --profile: a usage error (exit 2)."""
+    import json
+    rows = _rows(400, F_A, seed=8)
+    x = np.stack([rows[i:i + T_A] for i in range(len(rows) - T_A + 1)])
+    np.savez(tmp_path / "slide.npz", x=x, t_ns=np.arange(len(x), dtype=np.int64) * 2_000_000)
+    np.save(tmp_path / "random.npy", np.random.default_rng(9).standard_normal((40, T_A, F_A)).astype(np.float32))
+    b = bundles("lstm_a")
+    res = _bench([b, "--ticks", tmp_path / "slide.npz", "--streaming", "--samples", 300, "--warmup", 20, "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.output.strip().splitlines()[-1])
+    assert (rep["streaming"], rep["mode"], rep["samples"], rep["windows_slide"]) == (True, "max", 300, True)
+    assert rep["prepared_before_tick"] == 0.0 and rep["stream_counters"]["outputs"] == 320
+    assert rep["stream"]["head"] == "native" and rep["push_prepare_us"]["p50"] > rep["latency_us"]["p50"] > 0
+    res = _bench([b, "--ticks", tmp_path / "slide.npz", "--streaming", "--samples", 100, "--warmup", 0,
+                  "--replay", "recorded", "--speed", 4, "--json"])
+    rep = json.loads(res.output.strip().splitlines()[-1])
+    assert rep["mode"] == "recorded" and 0.0 <= rep["prepared_before_tick"] <= 1.0
+    assert rep["stream_counters"] == {"outputs": 100, "prepared_ahead": 100, "prepared_late": 0}
+    res = _bench([b, "--ticks", tmp_path / "random.npy", "--streaming", "--samples", 50, "--warmup", 0])
+    assert res.exit_code == 0 and "replay max" in res.output and "prepare cannot hide" in res.output
+    assert "do not slide by one row" in res.output
+    np.save(tmp_path / "small.npy", np.random.default_rng(10).standard_normal((20, 10, 7)).astype(np.float32))
+    res = _bench([bundles("lstm_bias", "float"), "--ticks", tmp_path / "small.npy", "--streaming"])
+    assert res.exit_code == 3 and "native plans" in res.output
+    res = _bench([b, "--ticks", tmp_path / "slide.npz", "--streaming", "--profile"])
+    assert res.exit_code == 2 and "--streaming" in res.output
