@@ -190,7 +190,7 @@ def _convert(model: Path, x: np.ndarray, board, stage, quant: str, opts: Compile
     if quant == "auto" or quant.startswith("native"):  # int8 is model.tflite; others model_<plan>.tflite
         from edgehft.compiler.plans import CANDIDATES
         req.update(quant="int8", plans=list(CANDIDATES))
-    if board.backend == "cpu" and _wanted(opts, "ort-float", "ort-int8"):   # ONNX Runtime plans: the ONNX export
+    if stage.plans_on_host and _wanted(opts, "ort-float", "ort-int8"):   # ONNX Runtime plans: the ONNX export
         from edgehft.compiler.ort_plans import worker_request
         req.update(worker_request(quant))
     req.update(stage.worker_request(board, quant))
