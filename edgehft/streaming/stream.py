@@ -18,7 +18,9 @@ the form LSTM (-> LSTM ...) -> last step -> head, every LSTM from the zero state
   With ``prepare="thread"`` a native helper thread, pinned to ``core`` when given, prepares right after each
   push (the push takes no lock; it waits only when the helper is still on its window).
 - ``stream.reset()`` forgets every row; ``stream.window()`` copies the current window (oldest row first), what
-  ``predict`` would take; ``stream.close()`` (or ``with``) stops the helper and frees the executor.
+  ``predict`` would take; ``stream.close()`` (or ``with``) stops the helper and frees the executor. A stream has
+  its own executor (a copy of the weights) and head interpreter: the runner's ``predict`` keeps working beside
+  it, and closing the runner does not close the stream.
 
 Exactness: the executor runs the native LSTM kernel's own step code, so every push equals ``predict`` of the
 same plan on the same window bit for bit, on every dispatch target. The head: when the plan's head is a
@@ -121,10 +123,6 @@ def read_plan(runner) -> StreamPlan:
     if len(ins) != 1 or len(bundle.manifest.outputs) != 1 or len(graph["inputs"]) != 1:
         raise _refuse(f"the stream takes one input and one output; {bundle.path.name} has {len(ins)} and "
                       f"{len(bundle.manifest.outputs)}")
-    spec = ins[0]
-    if spec.quantized or spec.dtype != "float32" or len(spec.shape) != 3 or spec.shape[0] != 1:
-        raise _refuse(f"the stream takes a float32 (1, T, features) input; {spec.name!r} is {spec.dtype} "
-                      f"{list(spec.shape)}")
     layers, src = [], graph["inputs"][0]
     k = 0
     while k < len(steps) and steps[k]["kind"] == "lstm" and steps[k]["inputs"] == [src] and not steps[k].get("projected"):
@@ -150,6 +148,10 @@ def read_plan(runner) -> StreamPlan:
                       f"{plan!r} of {bundle.path.name} has {what} {where}",
                       hint="predict it window by window; convolution front ends (DeepLOB) are the next slice of "
                            "issue 21 (the analysis gives their rows: python -m edgehft.streaming.analysis BUNDLE)")
+    spec = ins[0]
+    if spec.quantized or spec.dtype != "float32" or len(spec.shape) != 3 or spec.shape[0] != 1:
+        raise _refuse(f"the stream takes a float32 (1, T, features) input; {spec.name!r} is {spec.dtype} "
+                      f"{list(spec.shape)}")
     p = StreamPlan(layers, int(spec.shape[1]), (int(spec.shape[2]),), bundle.path / rest[0]["model"], src,
                    graph["outputs"][0], analysis=a)
     _native_head(p)
