@@ -148,7 +148,7 @@ def print_report(rep: dict) -> None:
     rows = (("full-window predict (same plan, 8.0 M MACs)", a["predict_us"]),
             ("stream push: tick to signal (0.16 M MACs)", a["push_us"]),
             ("stream prepare per tick, between ticks (5.9 M)", a["prepare_us"]),
-            ("push + prepare per tick (back to back: no hiding)", a["push_prepare_us"]))
+            ("push + prepare per tick (back to back)", a["push_prepare_us"]))
     for name, v in rows:
         print(f"{name:44}" + "".join(f"{v[k]:9.2f}" for k in ("p50", "p99", "p99.9", "mean")))
     print(f"push vs predict: p50 {a['predict_us']['p50'] / a['push_us']['p50']:.1f}x faster; push equal to predict "
