@@ -135,3 +135,19 @@ def test_ort_int8_results_beyond_the_tolerance_leave_the_plan_out(box, ort_bundl
     assert set(rec["excluded"]) == {"ort-int8"} and "golden vectors differ: 1 of 16" in rec["excluded"]["ort-int8"]
     assert "ort-float" in rec["measured"] and "ort-int8" not in rec["measured"]
     assert rec["plan"] == pick(rec["measured"], "p99")
+
+
+def test_a_bundle_of_one_ort_plan_on_a_box_without_onnxruntime_is_refused_and_nothing_switched(box, mlp, tmp_path):
+    """--quant ort-float alone: the box has no plan it can run, so the deploy stops at golden (exit 9) saying
+    what to install; nothing is switched."""
+    _, _, root = box
+    out = tmp_path / "ort-float"
+    compile_model(mlp / "mlp.keras", [mlp / "x.npy"], out, CompileOptions(board="cpu", quant="ort-float"))
+    sshd, cfg, _ = box
+    res = CliRunner().invoke(main, ["deploy", str(out), "--host", "box", "--ssh-config", str(cfg),
+                                    "--remote-python", sshd.python, "--install-dir", str(root)])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 9, res.output                # refused on the box: golden could not run there
+    assert "deploy failed at golden on box: box: ONNX Runtime is not installed here" in text
+    assert "pip install onnxruntime" in text and "the box serves: nothing" in text
+    assert not (root / "current").exists() and not list((root / "versions").glob("*"))
