@@ -40,7 +40,6 @@ first op of the plan the executor does not run yet (e.g. DeepLOB's convolutions 
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -240,7 +239,7 @@ class Stream:
             if mode == "thread":
                 rc = self._native.start_helper(core, spin_us)
                 if rc != 0:
-                    raise InputError(f"cannot start the prepare thread" + (f" on core {core}" if core is not None else "")
+                    raise InputError("cannot start the prepare thread" + (f" on core {core}" if core is not None else "")
                                      + f" (code {rc})", hint=f"CPUs this process may use: {sorted(os.sched_getaffinity(0))}")
         except BaseException:
             self.close()

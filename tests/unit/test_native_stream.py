@@ -6,7 +6,6 @@ or by the helper thread. The head follows a float64 Dense within fp32 rounding a
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
