@@ -11,6 +11,9 @@ rows received before the tick and can be computed ahead of it. This package work
   BUNDLE_OR_TFLITE [--json]``). Box side: numpy and the IR reader only, no TensorFlow.
 - :mod:`edgehft.streaming.rows` and :mod:`edgehft.streaming.ops`: the row bookkeeping and the per-op rules
   the analysis is built from.
+- :mod:`edgehft.streaming.stream`: the stream a runner opens (``runner.stream()``: ``push(row)``,
+  ``prepare()``, ``reset()``), over the native stream executor (:mod:`edgehft.kernels.cpu.stream`,
+  ``cpu_stream.cpp``) for the cpu board's native LSTM plans.
 
 Nothing is imported here, so ``python -m edgehft.streaming.analysis`` runs the module once.
 """
