@@ -10,6 +10,7 @@ source "$(dirname "$0")/venv.sh" compile,bench,dev
 bash scripts/board-venv.sh
 bash scripts/sshd.sh
 bash scripts/cross-tools.sh
+bash scripts/box-ort.sh        # onnxruntime beside the board venv: a box with ONNX Runtime (tests/deploy)
 selects=0                     # a -m/-k selection may leave one of the runs with no test (pytest exit 5)
 for a in "$@"; do case $a in -m|-k|-m?*|-k?*) selects=1 ;; esac; done
 status=0
