@@ -114,9 +114,10 @@ def test_tick_file_of_the_wrong_shape_names_the_file(deeplob_bundle, tmp_path):
 
 
 def test_strict_drift_gate_fails_and_writes_nothing(tmp_path):
+    """int8 named: under the default auto, the ort-float plan (1e-8 from Keras) passes even a 0.01 % gate."""
     out = tmp_path / "strict"
     res = CliRunner().invoke(main, ["compile", str(DEEPLOB / "deeplob.keras"), "--calib", str(FEED_DAY1),
                                     "--out", str(out), "--calib-windows", "50", "--drift-windows", "50",
-                                    "--drift-threshold", "0.0001", "--strict"])
+                                    "--quant", "int8", "--drift-threshold", "0.0001", "--strict"])
     assert res.exit_code == 5, res.output
     assert "relative MAE" in res.output and not out.exists()
