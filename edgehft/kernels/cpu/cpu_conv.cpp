@@ -262,15 +262,6 @@ using conv::Conv;
 
 const conv::Fns* const kTable[kSlots] = EDGEHFT_SLOT_TABLE(kConvFns);
 
-void* aalloc(size_t bytes) {
-    void* p = nullptr;
-    bytes = (bytes + 63) / 64 * 64;
-    if (bytes == 0) bytes = 64;
-    if (posix_memalign(&p, 64, bytes)) return nullptr;
-    memset(p, 0, bytes);
-    return p;
-}
-
 inline uint16_t to_bf16(float f) {
     f = f > conv::kBf16Max ? conv::kBf16Max : f < -conv::kBf16Max ? -conv::kBf16Max : f;
     uint32_t u;
@@ -298,7 +289,7 @@ thread_local Scratch tls_scratch;
 void* scratch(size_t bytes) {
     Scratch& s = tls_scratch;
     if (s.n < bytes) {
-        void* q = aalloc(bytes);
+        void* q = aligned_zeroed(bytes);
         if (!q) return nullptr;
         free(s.p);
         s.p = q;
@@ -470,7 +461,7 @@ int edgehft_conv_amx() { return slot_supported(kAmx) ? 1 : 0; }
 // inconsistent geometry or no memory.
 void* edgehft_conv_create(const int* dims, const float* weights, const float* bias, int act, float alpha,
                           int portable) {
-    Conv* k = static_cast<Conv*>(aalloc(sizeof(Conv)));
+    Conv* k = static_cast<Conv*>(aligned_zeroed(sizeof(Conv)));
     if (!k) return nullptr;
     k->H = dims[0]; k->W = dims[1]; k->C = dims[2]; k->Co = dims[3]; k->kh = dims[4]; k->kw = dims[5];
     k->sh = dims[6]; k->sw = dims[7]; k->ph = dims[8]; k->pw = dims[9]; k->Ho = dims[10]; k->Wo = dims[11];
@@ -495,10 +486,10 @@ void* edgehft_conv_create(const int* dims, const float* weights, const float* bi
     const size_t C = k->C, step = static_cast<size_t>(std::max(k->s, k->sw));
     k->xrows = (static_cast<size_t>(Hp) + k->kh) * k->Wp * C + (32 * step + 2) * C + 64;
     k->x = nullptr;
-    k->wt = static_cast<uint16_t*>(aalloc(static_cast<size_t>(k->kh) * k->KB * Cop * 32 * 2));
-    k->wf = static_cast<float*>(aalloc(static_cast<size_t>(k->kh) * kwc * Cop * 4));
-    k->bias = static_cast<float*>(aalloc(static_cast<size_t>(Cop) * 4));
-    k->acc = static_cast<float*>(aalloc(static_cast<size_t>(32) * Cop * 4));
+    k->wt = static_cast<uint16_t*>(aligned_zeroed(static_cast<size_t>(k->kh) * k->KB * Cop * 32 * 2));
+    k->wf = static_cast<float*>(aligned_zeroed(static_cast<size_t>(k->kh) * kwc * Cop * 4));
+    k->bias = static_cast<float*>(aligned_zeroed(static_cast<size_t>(Cop) * 4));
+    k->acc = static_cast<float*>(aligned_zeroed(static_cast<size_t>(32) * Cop * 4));
     if (!scratch(k->xrows * sizeof(float)) || !k->wt || !k->wf || !k->bias || !k->acc) {
         free(k->wt); free(k->wf); free(k->bias); free(k->acc); free(k);
         return nullptr;

@@ -35,7 +35,25 @@
     (HWY_SSSE3 | HWY_SSE4 | HWY_AVX3_DL | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
 #endif
 
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+
 namespace edgehft {
+
+// Zeroed memory on a 64-byte boundary, rounded up to whole cache lines (at least one), for the kernels' weights
+// and buffers; nullptr when out of memory. Freed with free().
+inline void* aligned_zeroed(size_t bytes) {
+    void* p = nullptr;
+    bytes = (bytes + 63) / 64 * 64;
+    if (bytes == 0) bytes = 64;
+    if (posix_memalign(&p, 64, bytes)) return nullptr;
+    memset(p, 0, bytes);
+    return p;
+}
+
+// aligned_zeroed for n floats.
+inline float* aligned_floats(size_t n) { return static_cast<float*>(aligned_zeroed(n * sizeof(float))); }
 
 // Target slots, best first. kAmx and kAvx3Bf16 are not Highway targets: the conv kernel's AMX tiles and
 // VDPBF16PS code (x86-64 only).

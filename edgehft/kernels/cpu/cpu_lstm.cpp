@@ -265,15 +265,6 @@ const lstm::Fns* lstm::fns(int slot) { return slot >= 0 && slot < kSlots ? kTabl
 
 namespace {
 
-float* falloc(size_t n) {
-    void* p = nullptr;
-    size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
-    if (bytes == 0) bytes = 64;
-    if (posix_memalign(&p, 64, bytes)) return nullptr;
-    memset(p, 0, bytes);
-    return static_cast<float*>(p);
-}
-
 struct Layer {
     int in = 0, H = 0, Hp = 0, Np = 0;                // Hp = 16*ceil(H/16), Np = 16*ceil(4H/16)
     float *W = nullptr, *U = nullptr, *b = nullptr;   // W [in][Np], U [H][Np], b [Np]: Keras columns, 0 after 4H
@@ -330,7 +321,7 @@ void* edgehft_lstm_create(int nl, int T, int in0, const int* Hs, const float* co
         if (Hs[l] < 1) { ok = false; break; }
         y.in = in; y.H = Hs[l]; y.Hp = (y.H + 15) / 16 * 16;
         const int Np = y.Np = (4 * y.H + 15) / 16 * 16;
-        y.W = falloc((size_t)in * Np); y.U = falloc((size_t)y.H * Np); y.b = falloc(Np);
+        y.W = aligned_floats((size_t)in * Np); y.U = aligned_floats((size_t)y.H * Np); y.b = aligned_floats(Np);
         if (!y.W || !y.U || !y.b) { ok = false; break; }
         pad_cols(Ws[l], in, 4 * y.H, Np, y.W);
         pad_cols(Us[l], y.H, 4 * y.H, Np, y.U);
@@ -339,8 +330,8 @@ void* edgehft_lstm_create(int nl, int T, int in0, const int* Hs, const float* co
         in = y.H;
     }
     if (ok) {
-        n->G = falloc((size_t)T * maxN); n->c = falloc(maxHp); n->z = falloc(maxN);
-        n->seq[0] = falloc((size_t)T * maxHp); n->seq[1] = falloc((size_t)T * maxHp);
+        n->G = aligned_floats((size_t)T * maxN); n->c = aligned_floats(maxHp); n->z = aligned_floats(maxN);
+        n->seq[0] = aligned_floats((size_t)T * maxHp); n->seq[1] = aligned_floats((size_t)T * maxHp);
         ok = n->G && n->c && n->z && n->seq[0] && n->seq[1];
     }
     if (!ok) { destroy(n); return nullptr; }

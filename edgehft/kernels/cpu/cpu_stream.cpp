@@ -133,15 +133,6 @@ inline uint64_t now_ns() {
                std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-float* falloc(size_t n) {
-    void* p = nullptr;
-    size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
-    if (bytes == 0) bytes = 64;
-    if (posix_memalign(&p, 64, bytes)) return nullptr;
-    memset(p, 0, bytes);
-    return static_cast<float*>(p);
-}
-
 struct Layer {
     int in = 0, H = 0, Hp = 0, Np = 0;                // Hp = 16*ceil(H/16), Np = 16*ceil(4H/16) (as cpu_lstm.cpp)
     float clip = 0;
@@ -181,9 +172,9 @@ bool alloc_layer(Layer& y, int in, int H, int T, bool projected_here, const floa
                  const float* b, float clip) {
     y.in = in; y.H = H; y.Hp = (H + 15) / 16 * 16; y.Np = (4 * H + 15) / 16 * 16;
     y.clip = clip > 0 ? clip : 0;
-    y.W = falloc((size_t)in * y.Np); y.U = falloc((size_t)H * y.Np); y.b = falloc(y.Np);
-    y.seq = falloc((size_t)T * y.Hp); y.c = falloc(y.Hp);
-    if (projected_here) y.G = falloc((size_t)T * y.Np);
+    y.W = aligned_floats((size_t)in * y.Np); y.U = aligned_floats((size_t)H * y.Np); y.b = aligned_floats(y.Np);
+    y.seq = aligned_floats((size_t)T * y.Hp); y.c = aligned_floats(y.Hp);
+    if (projected_here) y.G = aligned_floats((size_t)T * y.Np);
     if (!y.W || !y.U || !y.b || !y.seq || !y.c || (projected_here && !y.G)) return false;
     pad_cols(W, in, 4 * H, y.Np, y.W);
     pad_cols(U, H, 4 * H, y.Np, y.U);
@@ -382,14 +373,14 @@ void* edgehft_stream_create(int nl, int T, int in0, const int* Hs, const float* 
         if (ok) { maxN = std::max(maxN, s->L[l].Np); in = Hs[l]; }
     }
     if (ok) {
-        s->ring = falloc((size_t)T * in0); s->P = falloc((size_t)T * s->L[0].Np);
-        s->zp = falloc(maxN); s->zc = falloc(maxN);
+        s->ring = aligned_floats((size_t)T * in0); s->P = aligned_floats((size_t)T * s->L[0].Np);
+        s->zp = aligned_floats(maxN); s->zc = aligned_floats(maxN);
         ok = s->ring && s->P && s->zp && s->zc;
     }
     if (ok && out_mode == kHeadOut) {
         const int H = s->L[nl - 1].H;
         s->M = M; s->Mp = (M + 15) / 16 * 16;
-        s->Wt = falloc((size_t)H * s->Mp); s->hb = falloc(s->Mp); s->hout = falloc(s->Mp);
+        s->Wt = aligned_floats((size_t)H * s->Mp); s->hb = aligned_floats(s->Mp); s->hout = aligned_floats(s->Mp);
         ok = s->Wt && s->hb && s->hout;
         for (int m = 0; ok && m < M; m++) {
             for (int k = 0; k < H; k++) s->Wt[(size_t)k * s->Mp + m] = head_w[(size_t)m * H + k];
