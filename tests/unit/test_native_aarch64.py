@@ -10,19 +10,10 @@ LCG and prints each output's FNV-1a hash of the float bits and its first value.
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
-
-import pytest
-
+from aarch64_kernels import NEEDS, aarch64_library, run_here, run_on_arm  # noqa: F401  (aarch64_library: a fixture)
 from edgehft.kernels.cpu import build
 
-CROSS, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64-static"
-SYSROOT = Path("/usr/aarch64-linux-gnu")
-pytestmark = [pytest.mark.needs("g++"),
-              pytest.mark.skipif(not (shutil.which(CROSS) and shutil.which(QEMU) and SYSROOT.is_dir()),
-                                 reason=f"no {CROSS} / {QEMU} (apt-get install g++-aarch64-linux-gnu qemu-user-static)")]
+pytestmark = NEEDS
 
 DRIVER = r"""
 #include <cstdint>
@@ -72,31 +63,9 @@ int main() {
 """
 
 
-def _results(stdout: str) -> tuple[list[str], dict[str, str]]:
-    lines = stdout.strip().splitlines()
-    assert lines[0].startswith("targets "), stdout
-    return lines[0].split()[1].split(","), {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in lines[1:]}
-
-
-def test_aarch64_build_gives_the_x86_bits(tmp_path):
-    (tmp_path / "driver.cpp").write_text(DRIVER)
-    x86_lib = build.load_library()._name
-    subprocess.run(["g++", "-O1", str(tmp_path / "driver.cpp"), x86_lib, f"-Wl,-rpath,{Path(x86_lib).parent}",
-                    "-o", str(tmp_path / "x86")], check=True)
-    x86_targets, x86 = _results(subprocess.run([str(tmp_path / "x86")], capture_output=True, text=True,
-                                               check=True).stdout)
-    inc = tmp_path / "include"
-    inc.mkdir()
-    (inc / "hwy").symlink_to(Path("/usr/include/hwy"))          # Highway's headers are the same on every arch
-    lib = tmp_path / "libedgehft_cpu.so"
-    srcs = [str(p) for p in build.sources() if p.suffix == ".cpp"]
-    subprocess.run([CROSS, *build.CXXFLAGS, *build.NATIVE_FLAGS, f"-I{build.HERE}", f"-I{inc}", *srcs, "-o", str(lib)],
-                   check=True, capture_output=True, text=True, timeout=900)
-    subprocess.run([CROSS, "-O1", str(tmp_path / "driver.cpp"), str(lib), "-o", str(tmp_path / "arm")], check=True)
-    res = subprocess.run([QEMU, "-L", str(SYSROOT), "-E", f"LD_LIBRARY_PATH={tmp_path}", str(tmp_path / "arm")],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr
-    arm_targets, arm = _results(res.stdout)
+def test_aarch64_build_gives_the_x86_bits(tmp_path, aarch64_library):
+    x86_targets, x86 = run_here(DRIVER, tmp_path)
+    arm_targets, arm = run_on_arm(DRIVER, aarch64_library, tmp_path)
     assert arm_targets == ["neon", "scalar"] and list(arm) == arm_targets
     assert set(x86) == set(x86_targets) - set(build.CONV_ONLY)
     want = x86[[t for t in x86_targets if t not in build.CONV_ONLY][0]]
