@@ -7,7 +7,31 @@ agent sends the dict back (remote target). No pytest, no TensorFlow: this runs o
 - :func:`golden`: the bundle's golden vectors, compared as the manifest says (bit-exact for int8).
 - :func:`latency`: p99 / p99.9 of ``predict`` (µs) at real tick inter-arrival times against the board's
   ``[latency_budget_us]``.
+- :func:`streaming`: the same replay one tick at a time through ``runner.stream()`` (inline prepare between
+  ticks): p99 / p99.9 of ``push`` (tick to signal, µs) against the same budget, and the first outputs
+  compared with ``predict`` of the same window, bit for bit.
 - :func:`soak`: minutes of replay; p50/p99 and resident memory per interval, p99 drift and memory growth.
+
+The streaming result (``check: "streaming"``):
+
+- ``ok``: False when an output differs from ``predict`` or p99 / p99.9 is over budget; None when not judged
+  (``not_judged``: an emulated board without a budget given, or no budget) or skipped (``skipped``: why the
+  bundle does not stream, the InputError's message and hint); else True.
+- ``samples``, ``warmup``, ``mode`` (``recorded`` | ``max``), ``speed``: timed ticks, untimed ticks before
+  them, and their timing, as for :func:`latency`.
+- ``latency_us``: ``push`` per tick, the row handed over to the output written {p50, p90, p99, p99.9, max,
+  mean, std}; ``prepare_us`` the inline ``prepare()`` after each push (same keys) and ``prepare_us_mean``;
+  ``push_prepare_us`` both (what a tick costs when the next one is already there, as under ``max``);
+  ``start_delay_us`` how late pushes started behind their tick.
+- ``prepared_ahead``: share of the timed outputs whose window was prepared before its push (the stream's
+  counters); ``prepared_before_tick``: share of prepares done before the next tick arrived (0 under ``max``);
+  ``stream_counters``: the timed ticks' ``outputs``, ``prepared_ahead``, ``prepared_late``.
+- ``compared``, ``mismatches``, ``first_mismatch`` (output index or None), ``max_abs_diff``: the first
+  ``compare`` outputs against ``runner.predict(stream.window())`` (``np.array_equal``).
+- ``rows_from``: ``sliding`` (each window is the one before it moved by a row: the stream's windows are the
+  source's) or ``newest`` (other windows: each tick is a window's newest row after window 0's first rows).
+- ``budget_us``, ``budget_from``, ``verdicts``, ``not_judged``, ``gaps_capped``, ``source`` and the board
+  fields as for :func:`latency`; ``stream``: the stream's ``describe()`` (prepare, isa, window, head, MACs).
 
 Where the replayed windows and their timing come from (:func:`replay_source`):
 1. the tick files given: ``.npz`` with ``t_ns`` (recorded inter-arrival times), ``.npy`` windows (no
@@ -28,10 +52,11 @@ import time
 import numpy as np
 
 from edgehft import bundle_checks as _checks
-from edgehft.bench.replay import recorded_gaps, replay, spin_until, summarize_us
+from edgehft.bench.replay import recorded_gaps, replay, replay_stream, spin_until, stream_rows, summarize_us
 from edgehft.errors import InputError
 
-SAMPLES = 2000          # timed calls for the latency check
+SAMPLES = 2000          # timed calls for the latency check (timed ticks for the streaming check)
+STREAM_COMPARE = 200    # streaming check: outputs compared with predict of the same window
 WARMUP = 100            # untimed calls before timing starts
 SOAK_INTERVALS = 10
 SOAK_MAX_P99_DRIFT = 0.5         # last interval's p99 at most 50 % above the first's
@@ -110,6 +135,8 @@ def _predict_fn(runner, x):
 
 
 def _budget(runner, budget_p99, budget_p999) -> tuple[dict, str]:
+    """``(budget, where)``: the board file's ``[latency_budget_us]`` p99 / p999 (µs), each replaced by the
+    option given, and where they came from."""
     board = dict(runner.board_spec.latency_budget_us)
     given = {k: float(v) for k, v in (("p99", budget_p99), ("p999", budget_p999)) if v is not None}
     where = f"boards/{runner.board}.toml [latency_budget_us]"
@@ -145,6 +172,22 @@ def latency(runner, ticks: list[str] | None = None, samples: int = SAMPLES, warm
     mode = "recorded" if t_ns is not None else "max"
     res = replay(predict, windows, t_ns, mode=mode, warmup=warmup, samples=samples, speed=speed)
     lat = summarize_us(res.latency_ns)
+    judged = _judge(runner, lat, budget_p99, budget_p999)
+    ok = None if judged["not_judged"] else all(v["ok"] for v in judged["verdicts"].values())
+    return {"check": "latency", "ok": ok,
+            "samples": int(len(res.latency_ns)), "warmup": warmup, "mode": mode,
+            "speed": speed if mode == "recorded" else None, "latency_us": lat,
+            "start_delay_us": summarize_us(res.start_delay_ns) if res.start_delay_ns is not None else None,
+            **judged, "gaps_capped": res.gaps_capped, "source": source, **_runner_info(runner)}
+
+
+def _judge(runner, lat: dict, budget_p99, budget_p999) -> dict:
+    """Hold the p99 and p99.9 of ``lat`` (:func:`summarize_us`, µs) to the budget (:func:`_budget`).
+
+    Returns:
+        ``{"budget_us", "budget_from", "verdicts": {p99|p999: {"value_us", "budget_us", "ok"}}, "not_judged"}``;
+        ``not_judged`` (why there are no verdicts) for an emulated board without a budget given, or no budget.
+    """
     budget, budget_from = _budget(runner, budget_p99, budget_p999)
     explicit = budget_p99 is not None or budget_p999 is not None
     verdicts, not_judged = {}, None
@@ -156,12 +199,97 @@ def latency(runner, ticks: list[str] | None = None, samples: int = SAMPLES, warm
         for key, pct in (("p99", "p99"), ("p999", "p99.9")):
             if key in budget:
                 verdicts[key] = {"value_us": lat[pct], "budget_us": budget[key], "ok": lat[pct] <= budget[key]}
-    return {"check": "latency", "ok": None if not_judged else all(v["ok"] for v in verdicts.values()),
-            "samples": int(len(res.latency_ns)), "warmup": warmup, "mode": mode,
-            "speed": speed if mode == "recorded" else None, "latency_us": lat,
-            "start_delay_us": summarize_us(res.start_delay_ns) if res.start_delay_ns is not None else None,
-            "budget_us": budget, "budget_from": budget_from, "verdicts": verdicts, "not_judged": not_judged,
-            "gaps_capped": res.gaps_capped, "source": source, **_runner_info(runner)}
+    return {"budget_us": budget, "budget_from": budget_from, "verdicts": verdicts, "not_judged": not_judged}
+
+
+def streaming(runner, ticks: list[str] | None = None, samples: int = SAMPLES, warmup: int = WARMUP,
+              speed: float = 1.0, budget_p99: float | None = None, budget_p999: float | None = None,
+              compare: int = STREAM_COMPARE, run_features: bool = False) -> dict:
+    """Replay ticks one row at a time through ``runner.stream(prepare="inline")`` and hold the push's p99 and
+    p99.9 (tick to signal, µs) to the latency budget; the first ``compare`` outputs must equal ``predict`` of
+    the same window bit for bit.
+
+    The rows are the windows of :func:`replay_source` as :func:`edgehft.bench.replay.stream_rows` makes them:
+    window 0's rows, then each window's newest row in order (consecutive windows give consecutive rows). First
+    ``compare`` ticks, untimed: each output against ``runner.predict(stream.window())`` (np.array_equal), with
+    ``prepare()`` after each push. Then the stream is reset and :func:`edgehft.bench.replay.replay_stream` times
+    ``warmup`` + ``samples`` ticks: ``push`` timed with ``perf_counter_ns``, the inline ``prepare()`` after it
+    (at the recorded inter-arrival times divided by ``speed`` when the source has them, else back to back). The
+    budget and when it is not judged: as :func:`latency`.
+
+    Returns:
+        the streaming result (keys in the module docstring); for a bundle, plan or runtime that does not stream,
+        ``{"check": "streaming", "ok": None, "skipped": why, board fields}``.
+    Raises:
+        InputError: ``samples`` or ``compare`` < 1, ``warmup`` < 0, ``speed`` <= 0, unreadable ticks.
+    """
+    if samples < 1 or compare < 1 or warmup < 0 or not speed > 0:
+        raise InputError(f"streaming check: samples {samples}, compare {compare}, warmup {warmup}, speed {speed}",
+                         hint="samples >= 1, compare >= 1, warmup >= 0, speed > 0")
+    stream = _open_stream(runner)
+    if isinstance(stream, str):
+        return {"check": "streaming", "ok": None, "skipped": stream, **_runner_info(runner)}
+    with stream:
+        x, t_ns, source = replay_source(runner, ticks, limit=max(compare, warmup + samples),
+                                        run_features=run_features)
+        rows, sliding = stream_rows(x)
+        T = stream.window_rows
+        exact = _compare_stream(runner, stream, rows, T, compare)
+        stream.reset()
+        mode = "recorded" if t_ns is not None else "max"
+        res = replay_stream(stream, rows, T, t_ns, mode=mode, warmup=warmup, samples=samples, speed=speed)
+        described = stream.describe()
+    lat = summarize_us(res.latency_ns)
+    judged = _judge(runner, lat, budget_p99, budget_p999)
+    c = res.counters
+    ok = False if exact["mismatches"] else \
+        None if judged["not_judged"] else all(v["ok"] for v in judged["verdicts"].values())
+    return {"check": "streaming", "ok": ok, "skipped": None, "samples": int(len(res.latency_ns)), "warmup": warmup,
+            "mode": mode, "speed": speed if mode == "recorded" else None, "latency_us": lat,
+            "prepare_us": summarize_us(res.prepare_ns), "prepare_us_mean": float(res.prepare_ns.mean()) / 1e3,
+            "push_prepare_us": summarize_us(res.combined_ns), "start_delay_us": summarize_us(res.start_delay_ns),
+            "prepared_ahead": c["prepared_ahead"] / c["outputs"] if c["outputs"] else 0.0,
+            "prepared_before_tick": float(res.hidden.mean()) if len(res.hidden) else 0.0,
+            "stream_counters": c, **exact, "rows_from": "sliding" if sliding else "newest", **judged,
+            "gaps_capped": res.gaps_capped, "stream": described, "source": source, **_runner_info(runner)}
+
+
+def _open_stream(runner):
+    """``runner.stream(prepare="inline")``, or why not (str: the InputError's message and hint, or a runtime
+    without streams) for the check to skip."""
+    if not hasattr(runner, "stream"):
+        return (f"board {runner.board!r}'s runtime does not stream: runner.stream() runs the cpu board's native "
+                "plans (compile an LSTM model with --board cpu --quant native)")
+    try:
+        return runner.stream(prepare="inline")
+    except InputError as exc:
+        return str(exc)
+
+
+def _compare_stream(runner, stream, rows: np.ndarray, T: int, compare: int) -> dict:
+    """Push ``rows`` (T-1 warming rows, then ticks cycled) until ``compare`` outputs are out, each against
+    ``runner.predict`` of the stream's window (np.array_equal), ``prepare()`` after every push.
+
+    Returns:
+        ``{"compared", "mismatches", "first_mismatch" (output index or None), "max_abs_diff" (float, in the
+        output's units; 0.0 when equal; None when an output's shape differs)}``.
+    """
+    push, prepare = stream.push, stream.prepare
+    for row in rows[:T - 1]:
+        push(row)
+        prepare()
+    ticks = rows[T - 1:]
+    mismatches, first, worst = 0, None, 0.0
+    for i in range(compare):
+        y = np.array(push(ticks[i % len(ticks)]))
+        want = np.asarray(runner.predict(stream.window()))
+        if not np.array_equal(y, want):
+            mismatches += 1
+            first = i if first is None else first
+            diff = float(np.max(np.abs(y.astype(np.float64) - want))) if y.shape == want.shape else None
+            worst = None if diff is None or worst is None else max(worst, diff)
+        prepare()
+    return {"compared": compare, "mismatches": mismatches, "first_mismatch": first, "max_abs_diff": worst}
 
 
 def rss_bytes() -> tuple[int, str]:

@@ -9,7 +9,8 @@ from edgehft.errors import EdgeHFTError
 from edgehft.hil import checks as _checks
 from edgehft.hil.target import Settings
 
-CHECKS = ("golden", "latency", "soak")
+CHECKS = ("golden", "latency", "streaming", "soak")
+LISTED = CHECKS[:3]          # the ones --edgehft-checks names (soak comes with --edgehft-soak)
 
 
 def add_options(parser) -> None:
@@ -29,13 +30,17 @@ def add_options(parser) -> None:
     add("--edgehft-threads", type=int, default=1, metavar="N", help="interpreter threads (default 1)")
     add("--edgehft-affinity", metavar="CPUS", help="pin the test process to these CPUs, e.g. 1 or 0,1")
     add("--edgehft-checks", default="golden,latency", metavar="LIST",
-        help="built-in checks to add: golden,latency (default), or none (soak comes with --edgehft-soak)")
+        help="built-in checks to add: golden,latency (default), streaming (push latency through runner.stream() "
+             "and its outputs against predict), or none (soak comes with --edgehft-soak)")
     add("--edgehft-samples", type=int, default=_checks.SAMPLES, metavar="N",
         help=f"timed calls of the latency check (default {_checks.SAMPLES})")
     add("--edgehft-warmup", type=int, default=_checks.WARMUP, metavar="N",
         help=f"untimed calls first (default {_checks.WARMUP})")
     add("--edgehft-speed", type=float, default=1.0, metavar="X",
         help="replay recorded tick times X times faster (default 1: real inter-arrival times)")
+    add("--edgehft-stream-compare", type=int, default=_checks.STREAM_COMPARE, metavar="N",
+        help=f"streaming check: outputs compared bit for bit with predict of the same window "
+             f"(default {_checks.STREAM_COMPARE})")
     add("--edgehft-budget-p99", type=float, metavar="US", help="p99 budget in µs (default: the board file's)")
     add("--edgehft-budget-p999", type=float, metavar="US", help="p99.9 budget in µs (default: the board file's)")
     add("--edgehft-soak", type=float, metavar="MINUTES", help="add edgehft::soak, replaying for MINUTES")
@@ -77,10 +82,10 @@ def settings_from(config) -> Settings | None:
         raise pytest.UsageError(f"--edgehft-board: {exc}") from None
     names = [c.strip() for c in o("edgehft_checks").split(",") if c.strip()]
     names = [] if names == ["none"] else names
-    bad = [c for c in names if c not in CHECKS[:2]]
+    bad = [c for c in names if c not in LISTED]
     if bad:
         raise pytest.UsageError(f"--edgehft-checks: unknown check(s) {', '.join(bad)}; choose from golden, latency, "
-                                "none (soak comes with --edgehft-soak MINUTES)")
+                                "streaming, none (soak comes with --edgehft-soak MINUTES)")
     soak = o("edgehft_soak")
     if soak is not None:
         if not soak > 0:
@@ -89,11 +94,13 @@ def settings_from(config) -> Settings | None:
     numbers = [("samples", o("edgehft_samples") >= 1), ("warmup", o("edgehft_warmup") >= 0),
                ("threads", o("edgehft_threads") >= 1), ("speed", o("edgehft_speed") > 0),
                ("soak-intervals", o("edgehft_soak_intervals") >= 2),
+               ("stream-compare", o("edgehft_stream_compare") >= 1),
                ("budget-p99", (o("edgehft_budget_p99") or 1) > 0), ("budget-p999", (o("edgehft_budget_p999") or 1) > 0)]
     for name, ok in numbers:
         if not ok:
             raise pytest.UsageError(f"--edgehft-{name} {o('edgehft_' + name.replace('-', '_'))} is out of range "
-                                    "(samples, threads, speed, budgets > 0; warmup >= 0; soak-intervals >= 2)")
+                                    "(samples, threads, speed, budgets, stream-compare > 0; warmup >= 0; "
+                                    "soak-intervals >= 2)")
     affinity = None
     if o("edgehft_affinity"):
         try:
@@ -113,7 +120,8 @@ def settings_from(config) -> Settings | None:
                     emulate=o("edgehft_emulate"), threads=o("edgehft_threads"), affinity=affinity,
                     ticks=[str(Path(t).resolve()) for t in o("edgehft_ticks")], samples=o("edgehft_samples"),
                     warmup=o("edgehft_warmup"), speed=o("edgehft_speed"), budget_p99=o("edgehft_budget_p99"),
-                    budget_p999=o("edgehft_budget_p999"), soak_minutes=soak,
+                    budget_p999=o("edgehft_budget_p999"), stream_compare=o("edgehft_stream_compare"),
+                    soak_minutes=soak,
                     soak_intervals=o("edgehft_soak_intervals"), soak_max_p99_drift=o("edgehft_soak_max_drift"),
                     soak_max_rss_growth_mb=o("edgehft_soak_max_growth_mb"), checks=names,
                     json_path=o("edgehft_json"), ssh_config=o("edgehft_ssh_config"),

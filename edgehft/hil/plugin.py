@@ -3,10 +3,10 @@
     pytest --edgehft-board cpu --edgehft-bundle build/deeplob.cpu [--edgehft-ticks FEED ...] [--edgehft-soak 10]
 
 With ``--edgehft-board`` the session gets ready-made test items ``edgehft::golden`` and
-``edgehft::latency`` (first) and ``edgehft::soak`` (last, only with ``--edgehft-soak MINUTES``), whatever
-directory pytest runs in, next to the team's own tests. Those can take the session fixtures
-``edgehft_runner`` (the runtime opened on the target), ``edgehft_bundle``, ``edgehft_board``,
-``edgehft_target`` and ``edgehft_settings``. Without ``--edgehft-board`` the plugin adds nothing and the
+``edgehft::latency`` (first; ``edgehft::streaming`` after them with ``--edgehft-checks ...,streaming``) and
+``edgehft::soak`` (last, only with ``--edgehft-soak MINUTES``), whatever directory pytest runs in, next
+to the team's own tests. Those can take the session fixtures ``edgehft_runner`` (the runtime opened on the
+target), ``edgehft_bundle``, ``edgehft_board``, ``edgehft_target`` and ``edgehft_settings``. Without ``--edgehft-board`` the plugin adds nothing and the
 fixtures skip. Figures go to the terminal summary and, with ``--edgehft-json FILE``, to a JSON report.
 """
 from __future__ import annotations
@@ -94,7 +94,9 @@ class EdgehftChecks(pytest.Collector):
 
 
 class EdgehftCheck(pytest.Item):
-    """One built-in check (``edgehft::golden`` / ``latency`` / ``soak``) run on the session's target."""
+    """One built-in check (``edgehft::golden`` / ``latency`` / ``streaming`` / ``soak``) run on the session's
+    target. A result with ``ok`` None skips the item (not judged, or ``skipped``: e.g. a bundle that does not
+    stream), with the result's headline as the reason."""
 
     def __init__(self, *, check: str, **kw):
         super().__init__(**kw)
@@ -107,6 +109,11 @@ class EdgehftCheck(pytest.Item):
             res = target.golden()
         elif self.check == "latency":
             res = target.latency(**s.latency_options())
+        elif self.check == "streaming":
+            if not hasattr(target, "streaming"):
+                pytest.skip("the streaming check runs on a local target (--edgehft-bundle DIR on the board); the "
+                            "box's agent runs golden, latency and soak")
+            res = target.streaming(**s.streaming_options())
         else:
             res = target.soak(**s.soak_options())
         state.results[self.check] = res
@@ -129,8 +136,8 @@ class EdgehftCheck(pytest.Item):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """Put the built-in checks into the session: golden and latency first, soak last (tryfirst, so -k and
-    -m deselection see them)."""
+    """Put the built-in checks into the session: golden, latency and streaming first, soak last (tryfirst, so
+    -k and -m deselection see them)."""
     state = config.stash.get(_STATE, None)
     if state is None or not state.settings.checks:
         return

@@ -14,12 +14,12 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:+.2f} MiB"
 
 
-def timing(result: dict) -> str:
-    """Where the replayed calls and their timing came from, e.g. ``2,000 calls at recorded inter-arrival
-    times from btcusd.gz``."""
+def timing(result: dict, unit: str = "calls") -> str:
+    """Where the replayed calls (``unit``: or ticks) and their timing came from, e.g. ``2,000 calls at
+    recorded inter-arrival times from btcusd.gz``."""
     src = result["source"]
     files = ", ".join(Path(f).name for f in src["files"])
-    n = f"{result['samples']:,} calls" if "samples" in result else f"{result['calls']:,} calls"
+    n = f"{result['samples']:,} {unit}" if "samples" in result else f"{result['calls']:,} {unit}"
     speed = f" ÷ {result['speed']:g}" if result.get("speed") not in (None, 1.0) else ""
     if src["timing"] == "recorded":
         text = f"{n} at recorded inter-arrival times{speed} from {files}"
@@ -43,18 +43,12 @@ def headline(result: dict) -> str:
                     f"want {what}); ran on {result['path']}, made on {result['expected_path']}")
         return ("EMULATED board; " if result.get("emulated") else "") + text
     if kind == "latency":
-        lat = result["latency_us"]
-        parts = []
-        for key, pct in (("p99", "p99"), ("p999", "p99.9")):
-            v = result["verdicts"].get(key)
-            if v is None:
-                parts.append(f"{pct} {_us(lat[pct])}")
-            else:
-                parts.append(f"{pct} {_us(v['value_us'])} {'≤' if v['ok'] else '>'} budget {_us(v['budget_us'])}")
-        text = ", ".join(parts) + f" (p50 {_us(lat['p50'])}; {timing(result)})"
+        text = _percentiles(result) + f" (p50 {_us(result['latency_us']['p50'])}; {timing(result)})"
         if result["not_judged"]:
             text += f"; not judged: {result['not_judged']}"
         return text
+    if kind == "streaming":
+        return streaming_line(result)
     if kind == "soak":
         rows = result["intervals"]
         p99 = " → ".join(_us(r["p99_us"]) if r["p99_us"] is not None else "—" for r in (rows[0], rows[-1]))
@@ -71,7 +65,46 @@ def headline(result: dict) -> str:
     return str(result)
 
 
+def _percentiles(result: dict) -> str:
+    """``p99 X µs ≤ budget Y µs, p99.9 ...`` (or the bare figures where there is no verdict)."""
+    lat, parts = result["latency_us"], []
+    for key, pct in (("p99", "p99"), ("p999", "p99.9")):
+        v = result["verdicts"].get(key)
+        if v is None:
+            parts.append(f"{pct} {_us(lat[pct])}")
+        else:
+            parts.append(f"{pct} {_us(v['value_us'])} {'≤' if v['ok'] else '>'} budget {_us(v['budget_us'])}")
+    return ", ".join(parts)
+
+
+def streaming_line(result: dict) -> str:
+    """The streaming check's figures: the outputs compared with predict, push p99 / p99.9 against the budget,
+    the inline prepare between ticks, where the ticks came from; or why the bundle does not stream."""
+    if result.get("skipped"):
+        return f"does not stream: {result['skipped']}"
+    n, bad = result["compared"], result["mismatches"]
+    exact = (f"{n}/{n} outputs bit-identical to predict of the same window" if not bad else
+             f"{bad} of {n} outputs differ from predict of the same window (first at output "
+             f"{result['first_mismatch']}, max |diff| {result['max_abs_diff']})")
+    lat = result["latency_us"]
+    text = (f"{exact}; push {_percentiles(result)} (p50 {_us(lat['p50'])}); inline prepare "
+            f"{_us(result['prepare_us_mean'])} mean, {result['prepared_ahead']:.0%} of windows prepared ahead")
+    if result["mode"] == "max":
+        text += (f"; back to back, so the prepare cannot hide before the next tick: push + prepare p99 "
+                 f"{_us(result['push_prepare_us']['p99'])}")
+    else:
+        text += f", {result['prepared_before_tick']:.0%} before the next tick"
+    rows = "" if result["rows_from"] == "sliding" else ", each a window's newest row"
+    text += f" ({timing(result, 'ticks')}{rows}; {result['stream']['head']} head, {result['stream']['isa']})"
+    if result["not_judged"]:
+        text += f"; not judged: {result['not_judged']}"
+    return text
+
+
 def verdict(result: dict) -> str:
+    """``passed``, ``FAILED``, ``skipped`` (a result that says why it did not run) or ``not judged``."""
+    if result["ok"] is None and result.get("skipped"):
+        return "skipped"
     return {True: "passed", False: "FAILED", None: "not judged"}[result["ok"]]
 
 

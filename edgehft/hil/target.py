@@ -2,8 +2,9 @@
 ``edgehft.deploy.remote``, same methods, same result dicts).
 
 A target has ``golden()``, ``latency(ticks=..., samples=..., ...)``, ``soak(minutes=..., ...)`` returning
-the JSON dicts of :mod:`edgehft.hil.checks`, ``describe()`` and ``close()``. A local target also exposes
-``runner``: the runtime opened in this process, for a team's own tests.
+the JSON dicts of :mod:`edgehft.hil.checks`, ``describe()`` and ``close()``. A local target also has
+``streaming(...)`` (the box's agent runs golden, latency and soak) and exposes ``runner``: the runtime opened
+in this process, for a team's own tests.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Settings:
     speed: float = 1.0
     budget_p99: float | None = None
     budget_p999: float | None = None
+    stream_compare: int = checks.STREAM_COMPARE
     soak_minutes: float | None = None
     soak_intervals: int = checks.SOAK_INTERVALS
     soak_max_p99_drift: float = checks.SOAK_MAX_P99_DRIFT
@@ -45,6 +47,10 @@ class Settings:
         """Keyword arguments of ``target.latency`` (plain values: they travel to a box as they are)."""
         return {"ticks": list(self.ticks), "samples": self.samples, "warmup": self.warmup, "speed": self.speed,
                 "budget_p99": self.budget_p99, "budget_p999": self.budget_p999, "run_features": self.run_features}
+
+    def streaming_options(self) -> dict:
+        """Keyword arguments of ``target.streaming``: the latency check's, and the outputs to compare."""
+        return {**self.latency_options(), "compare": self.stream_compare}
 
     def soak_options(self) -> dict:
         """Keyword arguments of ``target.soak``."""
@@ -85,6 +91,10 @@ class LocalTarget:
 
     def latency(self, **options) -> dict:
         return checks.latency(self.runner, **options)
+
+    def streaming(self, **options) -> dict:
+        """:func:`edgehft.hil.checks.streaming` on the runner (a skip result when the bundle does not stream)."""
+        return checks.streaming(self.runner, **options)
 
     def soak(self, **options) -> dict:
         return checks.soak(self.runner, **options)
