@@ -61,9 +61,19 @@ def amx_available() -> bool:
     return bool(load_library().edgehft_conv_amx())
 
 
-def geometry(in_hw, kernel_hw, stride, padding: str) -> tuple[int, int, int, int]:
-    """TFLite's output size and leading padding: ``(Ho, Wo, pad_top, pad_left)`` for SAME or VALID."""
+def geometry(in_hw, kernel_hw, stride, padding) -> tuple[int, int, int, int]:
+    """TFLite's output size and leading padding: ``(Ho, Wo, pad_top, pad_left)``.
+
+    ``padding``: "SAME" or "VALID" (TFLite's rules), or explicit zero rows and columns ``(top, bottom, left,
+    right)`` (what a PAD before a VALID conv adds, or a slab of a window's rows: the streaming executor computes
+    some output rows of a conv from the input rows they read, with the window's edges as padding). Raises
+    ShapeError for another string or a negative pad."""
     (H, W), (kh, kw), (sh, sw) = in_hw, kernel_hw, stride
+    if not isinstance(padding, str):
+        top, bottom, left, right = (int(v) for v in padding)
+        if min(top, bottom, left, right) < 0:
+            raise ShapeError(f"padding {tuple(padding)}: pads must be >= 0")
+        return (H + top + bottom - kh) // sh + 1, (W + left + right - kw) // sw + 1, top, left
     if padding.upper() == "SAME":
         Ho, Wo = -(-H // sh), -(-W // sw)
         ph = max((Ho - 1) * sh + kh - H, 0) // 2
@@ -71,17 +81,20 @@ def geometry(in_hw, kernel_hw, stride, padding: str) -> tuple[int, int, int, int
     elif padding.upper() == "VALID":
         Ho, Wo, ph, pw = (H - kh) // sh + 1, (W - kw) // sw + 1, 0, 0
     else:
-        raise ShapeError(f"padding {padding!r}: SAME or VALID")
+        raise ShapeError(f"padding {padding!r}: SAME, VALID or (top, bottom, left, right)")
     return Ho, Wo, ph, pw
 
 
-def supported(in_hw, kernel_hw, stride, padding: str) -> str | None:
-    """None when the native kernel takes this conv geometry, else the reason it does not."""
+def supported(in_hw, kernel_hw, stride, padding) -> str | None:
+    """None when the native kernel takes this conv geometry (``padding`` as :func:`geometry` takes it), else the
+    reason it does not."""
     if min(*in_hw, *kernel_hw, *stride) < 1:
         return f"sizes must be >= 1 (input {tuple(in_hw)}, kernel {tuple(kernel_hw)}, stride {tuple(stride)})"
-    Ho, Wo, _, _ = geometry(in_hw, kernel_hw, stride, padding)
+    Ho, Wo, ph, pw = geometry(in_hw, kernel_hw, stride, padding)
     if Ho < 1 or Wo < 1:
         return f"empty output ({Ho}x{Wo}): the kernel is larger than the input"
+    if ph >= kernel_hw[0] or pw >= kernel_hw[1]:
+        return f"leading padding {(ph, pw)} must be smaller than the kernel {tuple(kernel_hw)}"
     return None
 
 
@@ -92,7 +105,8 @@ class NativeConv2D(NativeKernel):
         weights: ``(Co, kh, kw, C)`` (TFLite's OHWI filter layout), any float dtype.
         bias: ``(Co,)`` or None.
         in_hw: input ``(H, W)``; ``channels`` must equal the filter's C.
-        stride: ``(stride_h, stride_w)``; ``padding``: "SAME" or "VALID" (TFLite's rules).
+        stride: ``(stride_h, stride_w)``; ``padding``: "SAME" or "VALID" (TFLite's rules), or explicit zero
+            rows and columns ``(top, bottom, left, right)`` (:func:`geometry`; top < kh, left < kw).
         activation: one of :data:`ACTIVATIONS`; ``alpha`` is the LEAKY_RELU slope.
         portable: never AMX, the SIMD path of the target in force (what a box without AMX runs; the same
             bits on every SIMD target). :attr:`isa` names the target the conv runs (``amx``, ``avx3``, ...).
@@ -104,7 +118,7 @@ class NativeConv2D(NativeKernel):
 
     _destroy = "edgehft_conv_destroy"
 
-    def __init__(self, weights, bias, in_hw, channels: int, stride=(1, 1), padding: str = "VALID", *,
+    def __init__(self, weights, bias, in_hw, channels: int, stride=(1, 1), padding="VALID", *,
                  activation: str = "none", alpha: float = 0.0, portable: bool = False):
         w = np.ascontiguousarray(weights, np.float32)
         if w.ndim != 4 or w.shape[3] != int(channels):

@@ -271,7 +271,7 @@ struct Layer {
 };
 
 struct Net {
-    int T = 0, in0 = 0, return_sequences = 0, slot = 0;
+    int T = 0, in0 = 0, return_sequences = 0, slot = 0, steps_done = 0;   // steps_done: edgehft_lstm_steps
     const lstm::Fns* fn = nullptr;
     float cell_clip = 0;
     Layer* L = nullptr;
@@ -390,6 +390,31 @@ int edgehft_lstm_run_projected(void* p, const float* g, float* out) {
     const int N = 4 * y.H;
     for (int t = 0; t < n->T; t++) memcpy(n->G + (size_t)t * y.Np, g + (size_t)t * N, sizeof(float) * N);
     write_out(n, recur(n, 0), out);
+    return 0;
+}
+
+// Single-layer nets only: steps s0 .. s0+n-1 of the recurrence on the projections g (row t - s0 of g, ldg
+// floats apart, is step t's x_t @ W + b), continuing the state the previous call left (s0 == 0: from the zero
+// state). h_out (H floats, or null) gets the h of the last step run. The same step function, inputs and state
+// as edgehft_lstm_run_projected, so steps 0 .. T-1 run in any number of calls give its bits (the stream
+// executor runs the steps a window's newest row does not feed before the tick, the rest after it). Returns
+// 0, 1 when the net has more than one layer, 2 when s0 + n > T or s0 > 0 follows no call that ended at s0.
+int edgehft_lstm_steps(void* p, const float* g, int ldg, int s0, int n, float* h_out) {
+    Net* net = static_cast<Net*>(p);
+    if (net->nl != 1) return 1;
+    const Layer& y = net->L[0];
+    if (s0 < 0 || n < 0 || s0 + n > net->T || (s0 > 0 && net->steps_done != s0)) return 2;
+    if (s0 == 0) memset(net->c, 0, sizeof(float) * y.Hp);
+    float* seq = net->seq[0];                          // h of step t at row t % 2
+    for (int i = 0; i < n; i++) {
+        const int t = s0 + i;
+        float* G = net->G + (size_t)(t % 2) * y.Np;    // padded columns stay zero (never written)
+        memcpy(G, g + (size_t)i * ldg, sizeof(float) * 4 * y.H);
+        const float* hprev = t ? seq + (size_t)((t - 1) % 2) * y.Hp : nullptr;
+        net->fn->step(G, hprev, y.H, y.Np, y.U, net->c, seq + (size_t)(t % 2) * y.Hp, net->z, net->cell_clip);
+    }
+    net->steps_done = s0 + n;
+    if (h_out && s0 + n > 0) memcpy(h_out, seq + (size_t)((s0 + n - 1) % 2) * y.Hp, sizeof(float) * y.H);
     return 0;
 }
 

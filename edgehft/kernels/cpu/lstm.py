@@ -53,6 +53,8 @@ def load_library(portable: bool = False, cache_dir: Path | str | None = None) ->
     lib.edgehft_lstm_run.argtypes = [vp, vp, vp]
     lib.edgehft_lstm_run_projected.restype = i32
     lib.edgehft_lstm_run_projected.argtypes = [vp, vp, vp]
+    lib.edgehft_lstm_steps.restype = i32
+    lib.edgehft_lstm_steps.argtypes = [vp, vp, i32, i32, i32, vp]
     lib.edgehft_lstm_destroy.restype = None
     lib.edgehft_lstm_destroy.argtypes = [vp]
     lib.edgehft_lstm_slot.restype = i32
@@ -174,4 +176,26 @@ class NativeLSTM(NativeKernel):
         self._run = self._lib.edgehft_lstm_run_projected
         self.input_shape = (self.timesteps, 4 * self.hidden[0])
         return self
+
+    def steps(self, g: np.ndarray, s0: int, h_out: np.ndarray | None = None) -> None:
+        """Steps ``s0 .. s0 + len(g) - 1`` of a single-layer net's recurrence on their input projections ``g``
+        ``(n, 4H)`` float32 (row-major rows, any row stride), continuing the state the previous call left
+        (``s0 == 0``: from the zero state). ``h_out`` ``(H,)`` float32 gets the last step's h. Steps 0 .. T-1 in
+        any number of calls give :meth:`run`'s bits on the projected net (the same step code and state).
+
+        Raises:
+            ShapeError: a multi-layer net, ``g`` not (n, 4H) float32 with unit column stride, ``s0 + n > T``,
+                or ``s0 > 0`` not continuing the previous call."""
+        H = self.hidden[0]
+        if len(self.hidden) != 1:
+            raise ShapeError("steps() runs a single-layer LSTM")
+        if g.dtype != np.float32 or g.ndim != 2 or g.shape[1] != 4 * H or g.strides[1] != 4:
+            raise ShapeError(f"g must be (n, {4 * H}) float32 rows, got {g.dtype} {g.shape}")
+        if h_out is not None and (h_out.dtype != np.float32 or h_out.size != H or not h_out.flags.c_contiguous):
+            raise ShapeError(f"h_out must be ({H},) float32, contiguous")
+        rc = self._lib.edgehft_lstm_steps(self._h, g.ctypes.data, g.strides[0] // 4, int(s0), g.shape[0],
+                                          None if h_out is None else h_out.ctypes.data)
+        if rc:
+            raise ShapeError(f"steps {s0} .. {s0 + g.shape[0] - 1}: outside 0 .. {self.timesteps - 1} or not "
+                             "continuing the previous call", hint="start a window at s0=0, then continue in order")
 

@@ -74,13 +74,14 @@ def _check(x, shape):
 
 
 class NativeMaxPool2D(NativeKernel):
-    """TFLite MAX_POOL_2D on ``(1, H, W, C)`` float32: ``filter_hw``, ``stride`` (h, w), "SAME"/"VALID",
-    fused ``activation`` (a key of :data:`POOL_ACTIVATIONS`). :meth:`run` returns :attr:`out`
+    """TFLite MAX_POOL_2D on ``(1, H, W, C)`` float32: ``filter_hw``, ``stride`` (h, w), "SAME"/"VALID" or
+    explicit ``(top, bottom, left, right)`` (:func:`~edgehft.kernels.cpu.conv.geometry`; padded taps never
+    win, as TFLite's), fused ``activation`` (a key of :data:`POOL_ACTIVATIONS`). :meth:`run` returns :attr:`out`
     ``(1, Ho, Wo, C)``. Raises ``ShapeError`` on an empty output or bad sizes."""
 
     _destroy = "edgehft_pool_destroy"
 
-    def __init__(self, in_hw, channels: int, filter_hw, stride=(1, 1), padding: str = "VALID",
+    def __init__(self, in_hw, channels: int, filter_hw, stride=(1, 1), padding="VALID",
                  activation: str = "none"):
         if activation not in POOL_ACTIVATIONS:
             raise ShapeError(f"activation {activation!r}: one of {sorted(POOL_ACTIVATIONS)}")
