@@ -95,7 +95,7 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
                    "whole model, interleaved; --samples rounds (default 200); without --ticks, the golden inputs.")
 @click.option("--top", default=0, type=click.IntRange(min=0), help="--profile: show only the N slowest ops.")
 @click.option("--streaming", is_flag=True,
-              help="Feed the ticks one row at a time through runner.stream() (cpu native LSTM plans): tick-to-signal "
+              help="Feed the ticks one row at a time through runner.stream() (cpu native LSTM and native-bf16 plans): tick-to-signal "
                    "latency of push, the prepare after each push (inline), and the share of ticks whose prepare "
                    "was done before they arrived.")
 @runner_opts

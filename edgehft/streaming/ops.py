@@ -275,8 +275,8 @@ def _conv(env, op) -> Outcome:
         return refuse(env, op, f"{op.name} whose filter or bias depends on the window")
     if _hybrid(env, op):
         return refuse(env, op, f"a dynamic-range {op.name} (int8 filter, float input) quantizes its input with "
-                               "one scale for the whole window, so every row depends on the newest row: stream "
-                               "the float or int8 plan")
+                               "one scale for the whole window, so every row depends on the newest row: on the cpu "
+                               "board stream the native-bf16 plan (compile --quant native-bf16)")
     full = op_macs(env, op)
     if src.axis == 0:
         taps = [[("r", x, i)] for i in range(src.length)]

@@ -29,9 +29,17 @@ natively in XNNPACK's order and the stream checks it at open on seeded probe seq
 LiteRT head segment (``describe()["head"] == "native"``); a head that is anything else, or that differs on a
 probe, runs on that LiteRT segment after the native call (``"litert"``: exact by construction, slower).
 
-A model or plan this slice does not stream is refused at ``runner.stream()`` with InputError (exit 3) naming
-why: the streaming analysis' blocking op (:mod:`edgehft.streaming.analysis`), a plan that is not native, or the
-first op of the plan the executor does not run yet (e.g. DeepLOB's convolutions before its LSTM).
+A convolution front end (DeepLOB: Conv2D, MaxPool along time, concat, reshape, then the LSTM and its head) streams
+on the ``native-bf16`` plan (``compile --quant native-bf16``): its chain of edgehft kernels runs on
+:mod:`edgehft.streaming.chain`'s executor (``describe()["executor"] == "chain"``; each tensor's rows in buffers that
+slide, the rows the analysis calls prepared computed by ``prepare()``, the critical ones by ``push``; bit for bit
+``predict`` of that plan; ``prepare="inline"`` only). Its hot path is one native kernel call per run of rows from
+Python (about 20 for DeepLOB), not one call.
+
+A model or plan that does not stream is refused at ``runner.stream()`` with InputError (exit 3) naming why: the
+streaming analysis' blocking op (:mod:`edgehft.streaming.analysis`; e.g. DeepLOB's int8-weight convolutions in
+the ``native`` and ``dynamic`` plans), a plan that is not native, or the first op of the plan the executors do
+not run (a LiteRT segment, a Conv1D's time-on-width layout, a stride along time).
 
     with runtime.open("lstm_a.native") as r, r.stream(prepare="thread", core=3) as s:
         for row in ticks:
@@ -50,6 +58,7 @@ import numpy as np
 from edgehft.errors import InputError, NonFiniteInputError, RunnerStateError, ShapeError
 
 MODES = ("inline", "thread")
+CHAIN_FRONT = ("conv2d", "maxpool", "reshape", "concat", "fc", "softmax")   # first steps: the chain executor
 HEAD_PROBES = 64                  # seeded probe sequences the native head must match the plan's head on
 HINT_NATIVE = ("compile the model with --quant native (LSTM models; --quant auto ships it when it passes the "
                "gate, then open it with plan='native'), or predict window by window")
@@ -71,6 +80,7 @@ class StreamPlan:
     head_bias: np.ndarray | None = None
     why_not_native_head: str = ""
     analysis: object = field(default=None, repr=False)
+    chain: object = field(default=None, repr=False)      # a conv front end's chain (edgehft.streaming.chain.Plan)
 
 
 def _refuse(msg: str, hint: str = HINT_NATIVE) -> InputError:
@@ -131,6 +141,8 @@ def read_plan(runner) -> StreamPlan:
         src = st["outputs"][0]
         k += 1
     rest = steps[k:]
+    if not layers and steps and steps[0]["kind"] in CHAIN_FRONT:
+        return _chain_plan(runner, a)
     if not layers or len(rest) != 1 or rest[0]["kind"] != "litert" or rest[0]["inputs"] != [src] \
             or rest[0]["outputs"] != graph["outputs"]:
         first = steps[k] if k < len(steps) else None
@@ -145,8 +157,8 @@ def read_plan(runner) -> StreamPlan:
         where = "before the first LSTM" if not layers else "after the LSTMs"
         raise _refuse(f"the stream executor runs native plans of LSTM (-> LSTM ...) -> last step -> head; plan "
                       f"{plan!r} of {bundle.path.name} has {what} {where}",
-                      hint="predict it window by window; convolution front ends (DeepLOB) are the next slice of "
-                           "issue 21 (the analysis gives their rows: python -m edgehft.streaming.analysis BUNDLE)")
+                      hint="predict it window by window; a convolution front end streams on the native-bf16 plan "
+                           "(compile --quant native-bf16; python -m edgehft.streaming.analysis BUNDLE gives its rows)")
     spec = ins[0]
     if spec.quantized or spec.dtype != "float32" or len(spec.shape) != 3 or spec.shape[0] != 1:
         raise _refuse(f"the stream takes a float32 (1, T, features) input; {spec.name!r} is {spec.dtype} "
@@ -155,6 +167,19 @@ def read_plan(runner) -> StreamPlan:
                    graph["outputs"][0], analysis=a)
     _native_head(p)
     return p
+
+
+def _chain_plan(runner, a) -> StreamPlan:
+    """The :class:`StreamPlan` of a native chain with a convolution front end (:mod:`edgehft.streaming.chain`);
+    InputError naming the op the chain executor cannot run one tick at a time."""
+    from edgehft.streaming.chain import build_plan
+    spec = runner.bundle.manifest.inputs[0]
+    if spec.quantized or spec.dtype != "float32" or len(spec.shape) < 3 or spec.shape[0] != 1:
+        raise _refuse(f"the stream takes a float32 (1, T, ...) input; {spec.name!r} is {spec.dtype} "
+                      f"{list(spec.shape)}")
+    chain = build_plan(runner.bundle, a, portable=bool(getattr(runner, "native_portable", False)))
+    return StreamPlan([], int(spec.shape[1]), tuple(int(d) for d in spec.shape[2:]), None, "", "", analysis=a,
+                      chain=chain)
 
 
 def _native_head(p: StreamPlan) -> None:
@@ -214,14 +239,42 @@ class Stream:
     call is in progress, or any call after :meth:`close`, raises RunnerStateError."""
 
     def __init__(self, runner, plan: StreamPlan, mode: str, core: int | None, spin_us: int):
-        from edgehft.kernels.cpu.stream import NativeStream
         from edgehft.runtime.base import InputSlot
         self.plan, self.mode, self.core, self.bundle = plan, mode, core, runner.bundle
-        self.window_rows = T = plan.timesteps
+        self.window_rows = plan.timesteps
         spec = runner.bundle.manifest.inputs[0]
+        self._native = None
+        if plan.chain is not None:
+            self._open_chain(plan, mode)
+        else:
+            self._open_lstm_stack(runner, plan, mode, core, spin_us)
+        self.isa = self._native.isa
+        row_spec = spec.model_copy(update={"shape": [1, *plan.row_shape]})
+        self._slot = InputSlot(row_spec, self._native.row.reshape(1, *plan.row_shape))
+        self._out_shape = tuple(runner.bundle.manifest.outputs[0].shape)
+        self.closed = False
+        self._entry = threading.Lock()
+        self._bind()
+
+    def _open_chain(self, plan: StreamPlan, mode: str) -> None:
+        """The conv-front-end executor (:mod:`edgehft.streaming.chain`): its head is the chain's own kernels."""
+        from edgehft.streaming.chain import ChainExecutor
+        if mode == "thread":
+            for k in plan.chain.kernels:
+                k.close()
+            raise InputError("prepare='thread' runs the LSTM-stack executor's native helper thread; a conv front end "
+                             "(the chain executor) prepares inline for now",
+                             hint="stream(prepare='inline') and call stream.prepare() between ticks")
+        self._head_seg = None
+        self._native = ChainExecutor(plan.chain)
+        self.head, self.head_check = "native", "the chain's own kernels (those predict runs)"
+
+    def _open_lstm_stack(self, runner, plan: StreamPlan, mode: str, core, spin_us: int) -> None:
+        """The LSTM-stack executor (:mod:`edgehft.kernels.cpu.stream`) with a native or LiteRT head."""
+        from edgehft.kernels.cpu.stream import NativeStream
         self._head_seg = _HeadSegment(plan, runner.threads, runner.op_resolver)
         portable = bool(getattr(runner, "native_portable", False))
-        self._native = None
+        T = plan.timesteps
         try:
             self.head = "litert"
             if plan.head_weights is not None:
@@ -244,13 +297,6 @@ class Stream:
         except BaseException:
             self.close()
             raise
-        self.isa = self._native.isa
-        row_spec = spec.model_copy(update={"shape": [1, *plan.row_shape]})
-        self._slot = InputSlot(row_spec, self._native.row.reshape(1, *plan.row_shape))
-        self._out_shape = tuple(runner.bundle.manifest.outputs[0].shape)
-        self.closed = False
-        self._entry = threading.Lock()
-        self._bind()
 
     # --- the hot path ------------------------------------------------------------------------------------
     def _bind(self) -> None:
@@ -385,7 +431,9 @@ class Stream:
         MACs per tick (critical / prepare / whole window)."""
         a = self.plan.analysis
         return {"prepare": self.mode, "core": self.core, "isa": self.isa, "window": self.window_rows,
-                "row_shape": list(self.plan.row_shape), "layers": [int(l[1].shape[0]) for l in self.plan.layers],
+                "row_shape": list(self.plan.row_shape), "executor": "lstm-stack" if self.plan.chain is None else "chain",
+                "layers": [int(l[1].shape[0]) for l in self.plan.layers] if self.plan.chain is None
+                else list(self.plan.chain.lstm.hidden),
                 "head": self.head, "head_check": self.head_check,
                 "macs": None if a is None else {"critical": a.macs_critical, "prepare": a.macs_prepare,
                                                 "window": a.macs_full}}

@@ -1,0 +1,472 @@
+"""The stream executor for native chains with a convolution front end (issue 21): DeepLOB's ``native-bf16`` plan.
+
+A cpu bundle's ``native-bf16`` plan runs the float graph as a chain of edgehft's own kernels (``native.json``:
+conv2d, maxpool, concat, reshape, the LSTM's input projection on the conv kernel, the LSTM recurrence, slice,
+fc, softmax; :mod:`edgehft.runtime.native_chain`). :class:`ChainExecutor` runs the same kernels one tick at a
+time, and per tensor only the rows the streaming analysis (:mod:`edgehft.streaming.analysis`) says are not
+cached:
+
+- every tensor along time (the model input, each conv, pool and concat output, the projections) lives in a
+  buffer of :data:`CAPACITY` windows of rows; the window's row ``r`` is buffer row ``base + r``. A tick moves
+  ``base`` one row on, so a cached row (row ``r + 1`` one tick earlier) is already in place: never recomputed,
+  never copied. When the buffers are full, :meth:`ChainExecutor.prepare` moves the window to their start (off
+  the critical path; one copy of every window per ``(CAPACITY - 1) * T`` ticks);
+- ``prepare`` computes the rows of the next window that do not read its newest row (the top rows that padding
+  changes, analysis status ``prepared`` or ``constant``) and the LSTM steps whose projections are final
+  (from the zero state, as ``predict`` does);
+- ``push`` writes the row, computes the ``critical`` rows of every tensor in graph order, the LSTM's last steps
+  and the head (fc, softmax) on the last step.
+
+A conv or pool computes a run of output rows ``[a, b)`` from the input rows they read, with the window's edges
+as explicit padding (:func:`edgehft.kernels.cpu.conv.geometry`): the same kernel code, weights and per-output
+sums as the whole-window call, so every row has the bits ``predict`` gives it (the bf16 conv kernel sums each
+output over its taps in a fixed order whatever the other outputs are; pools take a max; copies are copies).
+The LSTM runs :meth:`~edgehft.kernels.cpu.lstm.NativeLSTM.steps` on the projections in place. So ``push``
+equals ``predict`` of the same plan on the same window bit for bit on every dispatch target, which the tests
+check over a replayed day.
+
+The hot path is Python calling one native kernel per run of rows (about 20 calls for DeepLOB: no allocation,
+no copy of a cached row; prepared pointers, ``base`` added per call). What the executor refuses, with the op:
+a LiteRT segment in the chain, a stride or a kernel along time it cannot slide (stride > 1), a concat along
+time, a reshape that moves the time axis, an LSTM that is not fed by projections, anything after the LSTM but a
+slice of its last step and whole-tensor kernels.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgehft.errors import InputError
+
+CAPACITY = 4            # windows of rows per time tensor's buffer (a move every (CAPACITY - 1) * T ticks)
+PER_ROW = ("conv2d", "maxpool", "concat", "fc", "softmax")
+
+
+def _refuse(msg: str) -> InputError:
+    return InputError(msg, hint="predict it window by window, or compile a plan whose chain streams "
+                                "(python -m edgehft.streaming.analysis BUNDLE says per op what streams)")
+
+
+def runs(rows) -> list:
+    """Maximal runs ``[(a, b), ...]`` of consecutive row indices in ``rows`` (ascending)."""
+    out = []
+    for r in sorted(rows):
+        if out and out[-1][1] == r:
+            out[-1][1] = r + 1
+        else:
+            out.append([r, r + 1])
+    return [tuple(x) for x in out]
+
+
+@dataclass
+class TimeTensor:
+    """A tensor with a time axis (axis 1 of its shape): ``rows`` along time, ``row_shape`` per row, the buffer
+    ``buf`` (CAPACITY * T rows of ``row`` float32 values), and from the analysis the row indices that are
+    ``prepared`` (incl. constant) and ``critical``."""
+
+    name: str
+    rows: int
+    row_shape: tuple
+    buf: np.ndarray
+    prepared: tuple = ()
+    critical: tuple = ()
+
+    @property
+    def row(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64))
+
+    @property
+    def addr(self) -> int:
+        return self.buf.ctypes.data
+
+    @property
+    def row_bytes(self) -> int:
+        return 4 * self.row
+
+
+@dataclass
+class Plan:
+    """What :class:`ChainExecutor` runs: the input tensor's name, the time tensors, per phase the prepared calls
+    (``cold``: every non-critical row, for the first window after open or reset; ``prepare``; ``critical``), the
+    LSTM (kernel, projection tensor, steps before the tick) and the head calls on whole tensors."""
+
+    input: str
+    window: int
+    tensors: dict
+    calls: dict = field(default_factory=lambda: {"cold": [], "prepare": [], "critical": []})
+    lstm: object = None
+    lstm_input: str = ""
+    lstm_prepared: int = 0
+    head: list = field(default_factory=list)
+    output: np.ndarray | None = None
+    h_last: np.ndarray | None = None
+    kernels: list = field(default_factory=list)
+    isa: dict = field(default_factory=dict)
+
+
+def _rows_of(analysis, name: str):
+    for t in analysis.tensors:
+        if t.name == name:
+            return t
+    return None
+
+
+def _time_tensor(plan: Plan, name: str, shape, analysis, like: str | None = None) -> TimeTensor:
+    """Register the time tensor ``name`` of ``shape`` ``(1, rows, ...)`` with its analysis rows (those of
+    ``like`` for a tensor the graph does not have: an LSTM's projections)."""
+    rows_info = _rows_of(analysis, like or name)
+    if rows_info is None or rows_info.time_axis != 1 or rows_info.sub != 1 or not rows_info.exact:
+        raise _refuse(f"tensor {name!r}: the streaming analysis has no exact rows along axis 1 for it")
+    shape = tuple(int(d) for d in shape)
+    if len(shape) < 2 or shape[0] != 1 or shape[1] != rows_info.rows:
+        raise _refuse(f"tensor {name!r} of shape {list(shape)}: not (1, {rows_info.rows}, ...) along time")
+    t = TimeTensor(name, shape[1], shape[2:], np.zeros((CAPACITY * plan.window, int(np.prod(shape[2:]))), np.float32),
+                   tuple(sorted(rows_info.prepared + rows_info.constant)), tuple(rows_info.critical))
+    plan.tensors[name] = t
+    return t
+
+
+def _slab(out_rows: tuple, pad_top: int, k: int, in_rows: int) -> tuple:
+    """Input rows ``[lo, hi)`` and explicit time padding ``(top, bottom)`` for output rows ``[a, b)`` of a
+    stride-1 conv or pool with kernel ``k`` along time and leading padding ``pad_top``."""
+    a, b = out_rows
+    want_lo, want_hi = a - pad_top, b - pad_top + k - 1
+    lo, hi = max(0, want_lo), min(in_rows, want_hi)
+    return lo, hi, lo - want_lo, want_hi - hi
+
+
+def _width_pads(W: int, kw: int, sw: int, padding: str) -> tuple:
+    from edgehft.kernels.cpu.conv import geometry
+    _, Wo, _, left = geometry((1, W), (1, kw), (1, sw), padding)
+    return left, max((Wo - 1) * sw + kw - W - left, 0)
+
+
+class _Calls:
+    """Builds the three phases' calls of one row-wise step (one kernel per run of rows, kernels shared between
+    runs of the same geometry)."""
+
+    def __init__(self, plan: Plan, out: TimeTensor, make):
+        self.plan, self.out, self.make, self.cache = plan, out, make, {}
+
+    def add(self, ins, slab_of) -> None:
+        """``ins``: the step's input TimeTensors; ``slab_of((a, b))`` -> ``(lo, hi, key)``: the input rows a run
+        reads and the kernel's geometry key, ``make(key)`` the kernel."""
+        every = tuple(r for r in range(self.out.rows) if r not in set(self.out.critical))
+        for phase, rows in (("cold", every), ("prepare", self.out.prepared), ("critical", self.out.critical)):
+            for a, b in runs(rows):
+                lo, hi, key = slab_of((a, b))
+                k = self.cache.get(key)
+                if k is None:
+                    k = self.cache[key] = self.make(key)
+                    self.plan.kernels.append(k)
+                if int(np.prod(k.out.shape)) != (b - a) * self.out.row:
+                    raise _refuse(f"tensor {self.out.name!r}: rows {a}-{b - 1} do not fit the kernel's output "
+                                  f"{list(k.out.shape)}")
+                ptrs = getattr(k, "_ptrs", None) if len(ins) > 1 else None
+                srcs = tuple((t.addr, t.row_bytes, lo) for t in ins)
+                self.plan.calls[phase].append((k._run, k._h, srcs, self.out.addr, self.out.row_bytes, a, ptrs,
+                                               None if ptrs is None else ctypes.addressof(ptrs)))
+
+
+def _conv_like(plan: Plan, st: dict, root, analysis, portable: bool) -> None:
+    """A conv2d or maxpool step: stride 1 along time; runs of output rows from slabs of input rows."""
+    from edgehft.kernels.cpu.conv import NativeConv2D, geometry
+    from edgehft.kernels.cpu.ops import NativeMaxPool2D
+    src = plan.tensors.get(st["inputs"][0])
+    if src is None:
+        raise _refuse(f"op #{st['op']} {st['kind']}: its input {st['inputs'][0]!r} has no rows along time here")
+    (H, W), C = st["in_hw"], int(st["channels"])
+    if st["kind"] == "conv2d":
+        with np.load(root / st["weights"]) as z:
+            w, bias = z["weights"], (z["bias"] if "bias" in z.files else None)
+        Co, kh, kw, _ = w.shape
+    else:
+        (kh, kw), Co = st["filter"], C
+    sh, sw = st["stride"]
+    if sh != 1:
+        raise _refuse(f"op #{st['op']} {st['kind']}: stride {sh} along time (each tick would shift its rows by "
+                      f"1/{sh} of a row)")
+    Ho, Wo, pt, _ = geometry((H, W), (kh, kw), (sh, sw), st["padding"])
+    left, right = _width_pads(W, kw, sw, st["padding"])
+    like = st["inputs"][0] if st.get("what") == "LSTM input projection" else None
+    out = _time_tensor(plan, st["outputs"][0], (1, Ho, Wo, Co), analysis, like=like)
+
+    def slab_of(run):
+        lo, hi, top, bottom = _slab(run, pt, kh, H)
+        return lo, hi, (hi - lo, top, bottom)
+
+    def make(key):
+        n, top, bottom = key
+        pads = (top, bottom, left, right)
+        if st["kind"] == "conv2d":
+            k = NativeConv2D(w, bias, (n, W), C, (1, sw), pads, activation=st["activation"],
+                             alpha=st.get("alpha", 0.0), portable=portable)
+            plan.isa["CONV_2D"] = k.isa
+            return k
+        return NativeMaxPool2D((n, W), C, (kh, kw), (1, sw), pads, st["activation"])
+    _Calls(plan, out, make).add([src], slab_of)
+
+
+def _concat(plan: Plan, st: dict, analysis) -> None:
+    """A concat of time tensors along an axis after time (channels): each run of rows from the same rows."""
+    from edgehft.kernels.cpu.ops import NativeConcat
+    srcs = [plan.tensors.get(n) for n in st["inputs"]]
+    shapes = [tuple(s) for s in st["input_shapes"]]
+    axis = st["axis"] + len(shapes[0]) if st["axis"] < 0 else st["axis"]
+    if None in srcs or axis <= 1:
+        raise _refuse(f"op #{st['op']} CONCATENATION: " + ("along time (the window's rows would not slide)"
+                      if axis <= 1 else "an input without rows along time"))
+    out_shape = list(shapes[0])
+    out_shape[axis] = sum(s[axis] for s in shapes)
+    out = _time_tensor(plan, st["outputs"][0], out_shape, analysis)
+    make = lambda n: NativeConcat([(1, n, *s[2:]) for s in shapes], axis)   # noqa: E731
+    _Calls(plan, out, make).add(srcs, lambda run: (run[0], run[1], run[1] - run[0]))
+
+
+def _per_row(plan: Plan, st: dict, root, analysis) -> None:
+    """A per-timestep fc (Dense on every row) or softmax over a time tensor's last axis."""
+    from edgehft.kernels.cpu.ops import NativeDense, NativeSoftmax
+    src = plan.tensors.get(st["inputs"][0])
+    shape = [int(d) for d in st["shape"]]
+    if src is None or len(shape) < 3 or shape[1] != src.rows:
+        raise _refuse(f"op #{st['op']} {st['kind']}: not applied row by row to a tensor along time")
+    out = _time_tensor(plan, st["outputs"][0], shape, analysis)
+    if st["kind"] == "fc":
+        with np.load(root / st["weights"]) as z:
+            w, bias = z["weights"], (z["bias"] if "bias" in z.files else None)
+        make = lambda n: NativeDense(w, bias, n * src.row // w.shape[1], (n, out.row), st["activation"])  # noqa: E731
+    else:
+        make = lambda n: NativeSoftmax((n, *shape[2:]), st["beta"])   # noqa: E731
+    _Calls(plan, out, make).add([src], lambda run: (run[0], run[1], run[1] - run[0]))
+
+
+def _reshape(plan: Plan, st: dict, analysis) -> None:
+    """A reshape that keeps the time axis and its rows: the same buffer seen with another row shape."""
+    src = plan.tensors[st["inputs"][0]]
+    shape = [int(d) for d in st["shape"]]
+    if st.get("index") is not None or len(shape) < 2 or shape[1] != src.rows or \
+            int(np.prod(shape[2:], dtype=np.int64)) != src.row:
+        moved = len(shape) > 2 and shape[1] == 1 and shape[2] == src.rows
+        raise _refuse(f"op #{st['op']} RESHAPE to {shape}: " + (
+            "time moves to axis 2 (a Conv1D's layout: the chain executor streams time along axis 1, as Conv2D front "
+            "ends such as DeepLOB's have it)" if moved else "it moves rows across the time axis"))
+    t = _time_tensor(plan, st["outputs"][0], shape, analysis)
+    t.buf = src.buf
+
+
+def _lstm(plan: Plan, st: dict, root, analysis, portable: bool) -> str:
+    """The LSTM on its projections: the kernel, the steps before the tick; returns its output's name."""
+    from edgehft.kernels.cpu.lstm import NativeLSTM
+    proj = plan.tensors.get(st["inputs"][0])
+    if not st.get("projected") or proj is None:
+        raise _refuse(f"op #{st['op']} LSTM: the chain executor runs an LSTM fed by its input projections along "
+                      "time (plan native-bf16)")
+    with np.load(root / st["weights"]) as z:
+        k = NativeLSTM([(z["kernel"], z["recurrent_kernel"], z["bias"])], st["timesteps"], True,
+                       cell_clip=float(z["cell_clip"]), portable=portable).projected()
+    row = analysis.op(int(st["op"]))
+    if row.steps_prepared is None or row.steps_prepared + (row.steps_critical or 0) != proj.rows:
+        raise _refuse(f"op #{st['op']} LSTM: the analysis gives no steps before and after the tick")
+    plan.lstm, plan.lstm_input, plan.lstm_prepared = k, proj.name, int(row.steps_prepared)
+    plan.kernels.append(k)
+    plan.isa["LSTM"] = k.isa
+    return st["outputs"][0]
+
+
+def _head(plan: Plan, st: dict, root, whole: dict, lstm_out: str) -> None:
+    """A step after the LSTM: a slice of its last step, or fc / softmax / reshape on whole tensors."""
+    from edgehft.kernels.cpu.ops import NativeDense, NativeSoftmax
+    kind, src, dst = st["kind"], st["inputs"][0], st["outputs"][0]
+    if kind == "slice" and src == lstm_out:
+        idx = st.get("index") or []
+        if len(idx) != 3 or idx[1].get("index") not in (-1, plan.window - 1) or \
+                any(d.get("index") is not None or d.get("start") or d.get("stop") for d in (idx[0], idx[2])):
+            raise _refuse(f"op #{st['op']} STRIDED_SLICE: the head takes the LSTM's last step only")
+        whole[dst] = whole[lstm_out].reshape(st["shape"])
+        return
+    if src not in whole:
+        raise _refuse(f"op #{st['op']} {kind}: reads {src!r}, which is neither the LSTM's last step nor computed "
+                      "from it (the stream keeps only the last step of the sequence)")
+    if kind in ("reshape", "slice") and st.get("index") is None:
+        whole[dst] = whole[src].reshape(st["shape"])
+        return
+    if kind == "fc":
+        with np.load(root / st["weights"]) as z:
+            k = NativeDense(z["weights"], z["bias"] if "bias" in z.files else None, st["rows"], st["shape"],
+                            st["activation"])
+    elif kind == "softmax":
+        k = NativeSoftmax(st["shape"], st["beta"])
+    else:
+        raise _refuse(f"op #{st['op']} {kind}: not a head step the chain executor runs (fc, softmax, reshape)")
+    if whole[src].size != int(np.prod(k.input_shape)):
+        raise _refuse(f"op #{st['op']} {kind}: its input holds {whole[src].size} values, the kernel takes "
+                      f"{list(k.input_shape)}")
+    plan.kernels.append(k)
+    plan.head.append((k._run, k._h, whole[src].ctypes.data, k.out.ctypes.data))
+    whole[dst] = k.out
+
+
+def build_plan(bundle, analysis, portable: bool = False) -> Plan:
+    """The :class:`Plan` of ``bundle``'s native chain (``native.json``) for one input along axis 1, rows as
+    ``analysis`` says (a :class:`~edgehft.streaming.analysis.StreamingAnalysis` of the bundle's graph).
+
+    Raises:
+        InputError: a step the executor cannot run one tick at a time (the message names the op and why)."""
+    root = bundle.path
+    graph = json.loads((root / bundle.manifest.artifacts["native"]).read_text())
+    spec = bundle.manifest.inputs[0]
+    plan = Plan(graph["inputs"][0], int(spec.shape[1]), {})
+    try:
+        _time_tensor(plan, plan.input, spec.shape, analysis)
+        whole, lstm_out = {}, None
+        for st in graph["steps"]:
+            kind = st["kind"]
+            if kind == "litert":
+                raise _refuse(f"ops #{st['ops'][0]}-{st['ops'][-1]} run on a LiteRT segment, which computes whole "
+                              "tensors (the chain executor runs edgehft's own kernels row by row)")
+            if lstm_out is not None:
+                _head(plan, st, root, whole, lstm_out)
+            elif kind in ("conv2d", "maxpool"):
+                _conv_like(plan, st, root, analysis, portable)
+            elif kind == "concat":
+                _concat(plan, st, analysis)
+            elif kind in ("fc", "softmax"):
+                _per_row(plan, st, root, analysis)
+            elif kind == "reshape":
+                _reshape(plan, st, analysis)
+            elif kind == "lstm":
+                lstm_out = _lstm(plan, st, root, analysis, portable)
+                H = plan.lstm.hidden[0]
+                whole[lstm_out] = np.zeros(H, np.float32)
+            else:
+                raise _refuse(f"op #{st['op']} {kind}: the chain executor does not run it along time")
+        out = whole.get(graph["outputs"][0])
+        if out is None:
+            raise _refuse("the chain's output is not computed from an LSTM's last step (the chain executor streams "
+                          "conv front ends into an LSTM and its head)")
+        plan.output = out
+        plan.h_last = whole[lstm_out]
+        return plan
+    except BaseException:
+        for k in plan.kernels:
+            k.close()
+        raise
+
+
+def _run_calls(calls, base: int) -> None:
+    """One phase: every call with its rows at ``base`` (pointer arithmetic only, no allocation)."""
+    for fn, h, srcs, out_addr, out_rb, a, ptrs, ptrs_addr in calls:
+        if ptrs is None:
+            addr, rb, lo = srcs[0]
+            fn(h, addr + (base + lo) * rb, out_addr + (base + a) * out_rb)
+        else:
+            for i, (addr, rb, lo) in enumerate(srcs):
+                ptrs[i] = addr + (base + lo) * rb
+            fn(h, ptrs_addr, out_addr + (base + a) * out_rb)
+
+
+class ChainExecutor:
+    """One stream on a :class:`Plan` (the interface of :class:`edgehft.kernels.cpu.stream.NativeStream`, which
+    :class:`edgehft.streaming.stream.Stream` drives): :attr:`row` is the staging row (``(row,)`` float32),
+    :meth:`push_staged` pushes it (0: :attr:`out` holds the window's output; 1: warming up; -1: the row holds a
+    NaN or an infinity and was not kept), :meth:`prepare` runs the ahead-of-tick rows and steps."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.T = plan.window
+        self._in = plan.tensors[plan.input]
+        self.row = np.zeros(self._in.row, np.float32)
+        self.out = plan.output
+        self.isa = ", ".join(f"{op} {isa}" for op, isa in plan.isa.items())
+        self._bufs = list({id(t.buf): t.buf for t in plan.tensors.values()}.values())
+        self._proj = plan.tensors[plan.lstm_input].buf
+        self._c = dict.fromkeys(("pushes", "outputs", "prepared_ahead", "prepared_late", "late_waited",
+                                 "late_prepare_ns", "prepares", "prepare_ns_total", "prepare_ns_last", "bad_rows",
+                                 "moves"), 0)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every row (warming up again)."""
+        self.rows, self.base, self._computed, self._prepared = 0, 0, False, False
+
+    def prepare(self) -> bool:
+        """The next window's rows and LSTM steps that do not need its newest row. False while fewer than T - 1
+        rows were pushed (nothing to prepare), else True (also when it was already prepared)."""
+        if self._prepared:
+            return True
+        if self.rows < self.T - 1:
+            return False
+        t0 = time.perf_counter_ns()
+        phase = "prepare" if self._computed else "cold"
+        if self._computed:
+            self.base += 1
+            if self.base + self.T > CAPACITY * self.T:        # the last window to the start (base 1: row 0 too)
+                for buf in self._bufs:
+                    buf[:self.T] = buf[self.base - 1:self.base - 1 + self.T]
+                self.base = 1
+                self._c["moves"] += 1
+        _run_calls(self.plan.calls[phase], self.base)
+        P = self.plan.lstm_prepared
+        self.plan.lstm.steps(self._proj[self.base:self.base + P], 0)
+        self._prepared, self._computed = True, False
+        dt = time.perf_counter_ns() - t0
+        self._c["prepares"] += 1
+        self._c["prepare_ns_total"] += dt
+        self._c["prepare_ns_last"] = dt
+        return True
+
+    def push_staged(self) -> int:
+        """Push :attr:`row` (see the class docstring for the return codes)."""
+        c = self._c
+        c["pushes"] += 1
+        if not np.isfinite(self.row).all():
+            c["bad_rows"] += 1
+            return -1
+        if self.rows < self.T - 1:
+            self._in.buf[self.rows] = self.row
+            self.rows += 1
+            return 1
+        if self._prepared:
+            c["prepared_ahead"] += 1
+        else:
+            t0 = time.perf_counter_ns()
+            self.prepare()
+            c["prepared_late"] += 1
+            c["late_prepare_ns"] += time.perf_counter_ns() - t0
+        base, P = self.base, self.plan.lstm_prepared
+        self._in.buf[base + self.T - 1] = self.row
+        self.rows += 1
+        _run_calls(self.plan.calls["critical"], base)
+        self.plan.lstm.steps(self._proj[base + P:base + self.T], P, self.plan.h_last)
+        for fn, h, x, y in self.plan.head:
+            fn(h, x, y)
+        self._prepared, self._computed = False, True
+        c["outputs"] += 1
+        return 0
+
+    def counters(self) -> dict:
+        """The counters :class:`~edgehft.kernels.cpu.stream.NativeStream` keeps (``helper`` 0: no helper thread
+        here), plus ``moves`` (times the window was moved to the buffers' start)."""
+        return {**self._c, "rows": self.rows, "helper": 0}
+
+    def window(self) -> np.ndarray:
+        """A copy of the current window's rows, oldest first: ``(min(rows, T), row)`` float32."""
+        n = min(self.rows, self.T)
+        if self.rows < self.T:
+            return self._in.buf[:n].copy()
+        return self._in.buf[self.base:self.base + self.T].copy() if not self._prepared else \
+            self._in.buf[self.base - 1:self.base - 1 + self.T].copy()
+
+    def start_helper(self, core, spin_us) -> int:
+        """No native helper thread for chains yet: returns -2 (the caller refuses ``prepare="thread"``)."""
+        return -2
+
+    def close(self) -> None:
+        """Free the kernels."""
+        for k in self.plan.kernels:
+            k.close()
+        self.plan.kernels = []

@@ -1,0 +1,132 @@
+"""Streaming a convolution front end (issue 21 items 1-3): ``runner.stream()`` on the ``native-bf16`` plan of the
+shipped DeepLOB (and of a small Conv2D / MaxPool / concat / LSTM model), compared with ``predict`` of the same
+plan on the same window.
+
+The chain executor (:mod:`edgehft.streaming.chain`) computes per tensor only the rows the streaming analysis does
+not call cached, each run of rows on the plan's own kernels with the window's edges as explicit padding, so every
+push must be np.array_equal to ``predict`` of the window of the last T rows: over a whole real day of DeepLOB
+rows (the newest row of each of the shipped feed's windows, fed as ticks), on every dispatch target, with pushes
+that find their window unprepared, across the buffers' moves and a reset.
+
+The shipped feature pipeline normalizes each window over its own rows, so its windows are not slides of each
+other: the streamed windows here are the rows as they arrive (what a pipeline with causal per-row features gives),
+and ``predict`` is called on exactly those windows.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import DEEPLOB, FEED_DAY1
+from edgehft import runtime
+from edgehft.bundle_checks import bundle_windows
+from edgehft.compiler.pipeline import CompileOptions, compile_model
+from edgehft.errors import InputError
+from edgehft.kernels.cpu import build
+from edgehft.kernels.cpu.build import force_target
+from native_reference import cpu_targets
+
+pytestmark = [pytest.mark.slow, pytest.mark.needs("g++")]
+T = 100
+TARGETS = cpu_targets()
+
+
+@pytest.fixture(scope="module")
+def deeplob_bf16(tmp_path_factory):
+    """The shipped DeepLOB, ``--quant native-bf16``, calibrated on the shipped feed (day 1)."""
+    out = tmp_path_factory.mktemp("stream_chain") / "deeplob.bf16"
+    compile_model(DEEPLOB / "deeplob.keras", [FEED_DAY1], out,
+                  CompileOptions(board="cpu", quant="native-bf16", calib_windows=100, drift_windows=50,
+                                 golden_count=4))
+    return out
+
+
+@pytest.fixture(scope="module")
+def day_rows(deeplob_bf16):
+    """A day of DeepLOB rows: the first window's 100 rows, then the newest row of every later window of the day."""
+    with runtime.open(deeplob_bf16) as r:
+        x = bundle_windows(r.bundle, [FEED_DAY1], run_features=True).x
+    return np.concatenate([x[0], x[1:, -1]])
+
+
+def _replay(runner, stream, rows, skip_prepare_every=0, T=T):
+    """Push every row (prepare() after each output unless its index is a multiple of ``skip_prepare_every``);
+    returns (outputs compared with predict, outputs that differ)."""
+    compared = differ = 0
+    for i, row in enumerate(rows):
+        y = stream.push(row)
+        if i + 1 < T:
+            assert y is None and stream.status == f"warming up, {i + 1} of {T} rows"
+            continue
+        compared += 1
+        differ += not np.array_equal(y, runner.predict(rows[i - T + 1:i + 1]))
+        if not (skip_prepare_every and i % skip_prepare_every == 0):
+            stream.prepare()
+    return compared, differ
+
+
+def test_deeplob_a_day_of_ticks_every_push_equals_predict(deeplob_bf16, day_rows):
+    """26,824 rows of 2024-08-08: every output equals predict of its window; every window but the first (no
+    prepare() before it) was prepared ahead; the analysis' MACs per tick are the stream's."""
+    n = len(day_rows)
+    assert n > 20_000
+    with runtime.open(deeplob_bf16) as r, r.stream() as s:
+        d = s.describe()
+        assert (d["executor"], d["head"], d["window"], d["row_shape"], d["layers"]) == ("chain", "native", T, [40, 1], [64])
+        assert d["macs"] == {"critical": 3_149_248, "prepare": 2_734_080, "window": 39_040_192}
+        assert _replay(r, s, day_rows) == (n - T + 1, 0)
+        c = s.counters
+        assert (c["outputs"], c["prepared_ahead"], c["prepared_late"], c["bad_rows"]) == (n - T + 1, n - T, 1, 0)
+        advances = n - T + 1                       # one prepare after each output, each moving the window a row on
+        assert s._native.counters()["moves"] == 1 + (advances - 3 * T - 1) // (3 * T)   # to the buffers' start
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_deeplob_on_every_target_with_late_pushes_and_a_reset(deeplob_bf16, day_rows, target):
+    """600 rows on each dispatch target (the runner's kernels and the stream's forced alike), every 5th window
+    left unprepared (the push prepares it: counted), then a reset and 300 more rows: all equal predict."""
+    rows = day_rows[5000:5600]
+    with force_target(target):
+        r = runtime.open(deeplob_bf16)
+        s = r.stream()
+    with r, s:
+        isa = s.describe()["isa"]
+        assert f"CONV_2D {target}" in isa if target in build.CONV_ONLY else f"LSTM {target}" in isa, isa
+        assert _replay(r, s, rows, skip_prepare_every=5) == (501, 0)
+        c = s.counters
+        late = 1 + sum(1 for i in range(T - 1, 599) if i % 5 == 0)    # the first window, and after these outputs
+        assert (c["prepared_late"], c["prepared_ahead"]) == (late, 501 - late)
+        s.reset()
+        assert s.warming_up and s.push(rows[0]) is None
+        s.reset()
+        assert _replay(r, s, day_rows[9000:9300]) == (201, 0)
+
+
+def test_deeplob_window_and_refusals(deeplob_bf16, day_rows):
+    """window() is the last T rows pushed (also right after prepare); prepare='thread' is refused for a chain
+    with the reason; the int8-convolution plan of the same model is refused naming the plan that streams."""
+    with runtime.open(deeplob_bf16) as r:
+        with r.stream() as s:
+            for i, row in enumerate(day_rows[:450]):
+                s.push(row)
+                if i % 3:
+                    s.prepare()
+                if i >= T - 1 and i % 50 == 0:
+                    assert np.array_equal(s.window(), day_rows[i - T + 1:i + 1])
+        with pytest.raises(InputError, match="prepares inline") as e:
+            r.stream(prepare="thread")
+        assert e.value.exit_code == 3
+
+
+def test_small_conv_pool_concat_lstm_model(models, tmp_path):
+    """tests/make_models.py's k3_cnn_lstm (Conv2D 1x2/2 + LeakyReLU, Conv2D 4x1 SAME + LeakyReLU, MaxPool along
+    time, two Conv2D concatenated, LSTM(16), Dense softmax), native-bf16: 400 seeded rows, every push equals
+    predict."""
+    out = tmp_path / "cnn.bf16"
+    compile_model(models / "k3_cnn_lstm.keras", [models / "calib.npy"], out,
+                  CompileOptions(board="cpu", quant="native-bf16", calib_windows=12, drift_windows=8, golden_count=2))
+    with runtime.open(out) as r, r.stream() as s:
+        shape = tuple(r.bundle.manifest.inputs[0].shape)
+        assert s.describe()["executor"] == "chain"
+        rows = np.random.default_rng(3).standard_normal((400, *shape[2:])).astype(np.float32)
+        assert _replay(r, s, rows, T=shape[1]) == (400 - shape[1] + 1, 0)
