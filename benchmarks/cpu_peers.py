@@ -30,6 +30,15 @@ peer's weights from the caches between its calls, which inflates every p99; so e
 the fastest peers are then timed once more each alone on the core, back to back (a dedicated box), and
 so is a fixed workload (matrix products) of about edgehft's p50: the machine's own jitter floor.
 
+Streaming (issue 21): for a model with a plan the stream executor takes (LSTM_A ``--quant native``, DeepLOB
+``--quant native-bf16``; compiled beside the others; MLP: its chosen plan is tried) the script opens
+``runner.stream()`` on it and times, on the same pinned core in the same run, back to back, ``stream.push`` per
+tick (tick to signal: the row handed to push to the output written) with the inline ``stream.prepare()`` between
+ticks timed apart (not in push): the row "edgehft cpu streaming (push)", its ratio against the fastest peer timed
+alone (peer / push), and the prepare per tick. A stream that does not open prints "not streaming: <reason>" (the
+InputError's message) and the other models still run. ONNX Runtime and LiteRT have no streaming mode: their rows
+recompute the whole window each tick. JSON: ``models.<name>.streaming``.
+
     python benchmarks/cpu_peers.py [--models deeplob,mlp,lstm_a] [--samples 2000] [--budget-s 3] [--out r.json]
 """
 from __future__ import annotations
@@ -60,6 +69,10 @@ CHECK_WINDOWS = 10
 MIN_SAMPLES = 30
 EDGEHFT = "edgehft cpu (chosen plan)"
 EDGEHFT_INT8 = "edgehft cpu (int8 plan)"
+STREAMING = "edgehft cpu streaming (push)"
+STREAM_QUANT = {"lstm_a": "native", "deeplob": "native-bf16"}   # the plan of each model the stream executor takes
+NO_STREAMING = ("ONNX Runtime and LiteRT have no streaming mode: their rows (and every predict row) recompute the "
+                "whole window each tick")
 STAC_P99_US = {"A100": 35.2, "FPGA (Myrtle VOLLO)": 5.07, "GH200": 4.6}
 
 
@@ -84,7 +97,7 @@ def prepare(name: str, build: Path) -> tuple[Path, list[Path], np.ndarray]:
 def compile_bundles(name: str, model: Path, calib: list[Path], build: Path) -> dict:
     from edgehft.compiler.pipeline import CompileOptions, compile_model
     out = {}
-    for quant in ("auto", "int8", "float"):
+    for quant in ("auto", "int8", "float") + ((STREAM_QUANT[name],) if name in STREAM_QUANT else ()):
         t0 = time.time()
         try:
             res = compile_model(model, calib, build / f"{name}_{quant}.bundle",
@@ -351,6 +364,7 @@ def bench_model(name: str, args, build: Path, cpu: int, model_path: Path, x: np.
             rows[peer]["alone_latency_us"] = summarize_us(ns)
     if "alone_latency_us" in rows.get(EDGEHFT, {}):
         result["machine_floor"] = machine_floor(rows[EDGEHFT]["alone_latency_us"]["p50"], args)
+    result["streaming"] = stream_row(name, bundles, x, keras_model, args, rows, peers)
     result["peers"] = list(rows.values())
     base = rows[EDGEHFT].get("latency_us") if EDGEHFT in rows else None
     for r in result["peers"]:
@@ -359,6 +373,108 @@ def bench_model(name: str, args, build: Path, cpu: int, model_path: Path, x: np.
             r["ratio_p99"] = r["latency_us"]["p99"] / base["p99"]
             r["p99_over_p50"] = r["latency_us"]["p99"] / r["latency_us"]["p50"]
     return result
+
+
+def fastest_peer(rows: dict, peers: dict, args) -> tuple[str, dict] | tuple[None, None]:
+    """The fastest peer that is not edgehft, alone on the core: the lowest alone p50 among the peers timed alone and
+    the one with the lowest interleaved p50 (timed alone now when the alone pass did not). Returns
+    ``(name, alone summary µs)``, or ``(None, None)`` when no peer ran."""
+    timed = [r for r in rows.values() if "latency_us" in r and not r["peer"].startswith("edgehft")]
+    if not timed:
+        return None, None
+    first = min(timed, key=lambda r: r["latency_us"]["p50"])
+    if "alone_latency_us" not in first:
+        ns = time_interleaved({first["peer"]: peers[first["peer"]]}, args.warmup, args.samples, args.budget_s)
+        first["alone_latency_us"] = summarize_us(ns[first["peer"]])
+    best = min((r for r in timed if "alone_latency_us" in r), key=lambda r: r["alone_latency_us"]["p50"])
+    return best["peer"], best["alone_latency_us"]
+
+
+def time_stream(s, rows: np.ndarray, window: int, args) -> tuple[np.ndarray, np.ndarray]:
+    """``s.push`` (tick to signal) and the inline ``s.prepare()`` after it, per tick, back to back on this core,
+    over ``rows`` (from :func:`edgehft.bench.replay.stream_rows`) cycled after the first ``window - 1``: warm-up
+    ticks, then as many as ``--samples`` / ``--budget-s`` allow. Returns (push ns, prepare ns) int64 arrays."""
+    perf = time.perf_counter_ns
+    push, prepare, ticks = s.push, s.prepare, rows[window - 1:]
+    n = len(ticks)
+    gc.collect()
+    gc.disable()
+    try:
+        t0, k = perf(), 0
+        while k < max(args.warmup, 3) and (k < 3 or perf() - t0 < 1e9):
+            push(ticks[k % n])
+            prepare()
+            k += 1
+        count = max(MIN_SAMPLES, min(args.samples, int(args.budget_s * 1e9 * k / (perf() - t0))))
+        lat, prep = np.empty(count, np.int64), np.empty(count, np.int64)
+        for i in range(count):
+            row = ticks[(k + i) % n]
+            t0 = perf()
+            push(row)
+            t1 = perf()
+            prepare()
+            lat[i], prep[i] = t1 - t0, perf() - t1
+    finally:
+        gc.enable()
+    return lat, prep
+
+
+def stream_check(s, r, rows: np.ndarray, window: int, keras_model) -> dict:
+    """Push the first ``window - 1 + CHECK_WINDOWS`` rows; each output against Keras on the stream's window (max
+    |Δ|) and against ``predict`` of the same plan on it (bit for bit)."""
+    diffs, equal = [], 0
+    for i, row in enumerate(rows[:window - 1 + CHECK_WINDOWS]):
+        y = s.push(row)
+        if y is not None:
+            w = s.window()[None]
+            y = np.array(y, np.float32).reshape(-1)
+            diffs.append(float(np.abs(y - np.asarray(keras_model(w)).reshape(-1)).max()))
+            equal += bool(np.array_equal(y, np.asarray(r.predict(w), np.float32).reshape(-1)))
+        s.prepare()
+    return {"max_abs_diff_vs_keras": max(diffs), "equal_to_predict": f"{equal} of {len(diffs)}"}
+
+
+def stream_row(name: str, bundles: dict, x: np.ndarray, keras_model, args, rows: dict, peers: dict) -> dict:
+    """The streaming row of ``name``: its streamable plan (:data:`STREAM_QUANT`; a model without one: its chosen
+    plan) opened, ``runner.stream()`` (inline prepare) timed by :func:`time_stream` on this pinned core, against
+    the fastest peer alone. A stream that does not open (InputError) gives ``status`` "not streaming: <reason>";
+    any other failure "failed: <reason>". ``x``: the model's windows (N, 1, ...) float32."""
+    from edgehft import runtime
+    from edgehft.bench.replay import stream_rows
+    from edgehft.errors import InputError
+    quant = STREAM_QUANT.get(name, "auto")
+    out: dict = {"peer": STREAMING, "plan_compiled": quant, "note": NO_STREAMING}
+    src = bundles.get(quant)
+    if isinstance(src, Exception):
+        return {**out, "status": f"not streaming: the --quant {quant} compile failed: {src}".splitlines()[0][:300]}
+    try:
+        with runtime.open(src, threads=1) as r:
+            out["plan"] = getattr(r, "plan", None)
+            try:
+                s = r.stream()
+            except InputError as exc:
+                return {**out, "status": f"not streaming: {str(exc).splitlines()[0]}"}
+            with s:
+                T = s.window_rows
+                feed, _ = stream_rows(x[:, 0])
+                out.update(stream_check(s, r, feed, T, keras_model))
+                lat, prep = time_stream(s, feed, T, args)
+                c, d = s.counters, s.describe()
+        out.update(status="ok", samples=len(lat), latency_us=summarize_us(lat), prepare_us=summarize_us(prep),
+                   isa=d.get("isa"), head=d.get("head"), macs=d.get("macs"),
+                   prepared_ahead=c["prepared_ahead"], prepared_late=c["prepared_late"])
+    except Exception as exc:  # noqa: BLE001 - one model's stream must not stop the others
+        return {**out, "status": f"failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]}
+    peer, alone = fastest_peer(rows, peers, args)
+    if peer:
+        out.update(fastest_peer=peer, fastest_peer_alone_latency_us=alone,
+                   ratio_p50_vs_fastest_peer=alone["p50"] / out["latency_us"]["p50"],
+                   ratio_p99_vs_fastest_peer=alone["p99"] / out["latency_us"]["p99"])
+    chosen = rows.get(EDGEHFT, {}).get("alone_latency_us")
+    if chosen:
+        out.update(ratio_p50_vs_chosen_plan=chosen["p50"] / out["latency_us"]["p50"],
+                   ratio_p99_vs_chosen_plan=chosen["p99"] / out["latency_us"]["p99"])
+    return out
 
 
 def print_table(console, name: str, res: dict) -> None:
@@ -392,9 +508,43 @@ def print_table(console, name: str, res: dict) -> None:
         console.print(f"{name}, machine floor (a fixed workload of about edgehft's p50, alone on the core: "
                       f"{floor['workload']}): p50 {u['p50']:,.1f} µs, p99 {u['p99']:,.1f} µs, "
                       f"p99/p50 {u['p99'] / u['p50']:.2f}")
+    if res.get("streaming"):
+        print_streaming(console, name, res["streaming"])
     if name == "lstm_a":
         console.print("STAC-ML LSTM_A audited p99 records: "
                       + ", ".join(f"{k} {v} µs" for k, v in STAC_P99_US.items()))
+
+
+def print_streaming(console, name: str, st: dict) -> None:
+    """The streaming rows of ``name``: push (tick to signal) and the prepare per tick beside the fastest peer alone
+    on the core (ratio = peer / push: > 1, the stream is faster), or why the model does not stream."""
+    from rich.table import Table
+    if st.get("status") != "ok":
+        console.print(f"{name}, {STREAMING}: [yellow]{st.get('status')}[/yellow] (plan --quant {st['plan_compiled']})")
+        return
+    t = Table(title=f"{name}: streaming, plan {st.get('plan')} ({st.get('isa')}, head {st.get('head')}), inline "
+                    "prepare between ticks, back to back on the same pinned core (ratio = fastest peer alone / push)",
+              title_justify="left")
+    for col in ("row", "p50 µs", "p99 µs", "p99.9 µs", "p99/p50", "samples", "ratio p50", "ratio p99",
+                "max|Δ| vs Keras"):
+        t.add_column(col, justify="left" if col == "row" else "right", no_wrap=True)
+    u, q = st["latency_us"], st["prepare_us"]
+    t.add_row(STREAMING, f"{u['p50']:,.1f}", f"{u['p99']:,.1f}", f"{u['p99.9']:,.1f}", f"{u['p99'] / u['p50']:.2f}",
+              str(st["samples"]), f"{st['ratio_p50_vs_fastest_peer']:.2f}x" if "fastest_peer" in st else "-",
+              f"{st['ratio_p99_vs_fastest_peer']:.2f}x" if "fastest_peer" in st else "-",
+              f"{st['max_abs_diff_vs_keras']:.2g}")
+    t.add_row("  prepare per tick (between ticks, not in push)", f"{q['p50']:,.1f}", f"{q['p99']:,.1f}",
+              f"{q['p99.9']:,.1f}", f"{q['p99'] / q['p50']:.2f}", str(st["samples"]), "", "", "")
+    if "fastest_peer" in st:
+        a = st["fastest_peer_alone_latency_us"]
+        t.add_row(f"{st['fastest_peer']} alone (recomputes the window)", f"{a['p50']:,.1f}", f"{a['p99']:,.1f}",
+                  f"{a['p99.9']:,.1f}", f"{a['p99'] / a['p50']:.2f}", "", "1.00x", "1.00x", "")
+    console.print(t)
+    chosen = (f"; vs the chosen plan's predict alone: p50 {st['ratio_p50_vs_chosen_plan']:.2f}x, p99 "
+              f"{st['ratio_p99_vs_chosen_plan']:.2f}x" if "ratio_p50_vs_chosen_plan" in st else "")
+    console.print(f"{name}: every push equal to predict of its window on the same plan: {st['equal_to_predict']}; "
+                  f"{st['prepared_ahead']} windows prepared ahead, {st['prepared_late']} late{chosen}. "
+                  f"{NO_STREAMING}.")
 
 
 def main(argv: list[str] | None = None) -> int:
