@@ -1,5 +1,5 @@
 """The small ops of the native-bf16 plan (:mod:`edgehft.compiler.native`): MAX_POOL_2D, CONCATENATION,
-RESHAPE, STRIDED_SLICE, FULLY_CONNECTED and SOFTMAX run natively (:mod:`edgehft.kernels.cpu.ops`; reshapes
+RESHAPE, STRIDED_SLICE, FULLY_CONNECTED, SOFTMAX, TANH, LOGISTIC and zero PAD along H/W run natively (:mod:`edgehft.kernels.cpu.ops`; reshapes
 and contiguous slices as views) when every input they read comes from a native step or the graph's input,
 so a chain of native kernels is not cut by a LiteRT segment for them.
 """
@@ -17,7 +17,7 @@ class MoveOp:
     """A MAX_POOL_2D, CONCATENATION, RESHAPE, STRIDED_SLICE (a view), FULLY_CONNECTED or SOFTMAX that runs
     natively because its inputs come from native steps (a LiteRT segment would cost more than the op)."""
     op: int
-    kind: str                   # maxpool | concat | reshape | slice | fc | softmax
+    kind: str                   # maxpool | concat | reshape | slice | fc | softmax | act | pad
     inputs: list
     output: str
     params: dict
@@ -57,6 +57,19 @@ def _const_int(s, m, g, t: int):
                          np.int32 if T.type == s.TensorType.INT32 else np.int64).tolist()
 
 
+def _pad_params(s, m, g, op, x) -> dict | None:
+    """A PAD with constant zero padding of a (1, H, C) or (1, H, W, C) float32 tensor along H / W only:
+    ``{"in_hw", "channels", "pads": [top, bottom, left, right]}``; None for anything else (LiteRT pads it)."""
+    pads = _const_int(s, m, g, int(op.inputs[1]))
+    shape = [int(d) for d in x.shape]
+    if pads is None or len(pads) != 2 * len(shape) or len(shape) not in (3, 4) or shape[0] != 1 or \
+            pads[0] or pads[1] or pads[-2] or pads[-1] or min(pads) < 0:
+        return None
+    if len(shape) == 3:
+        return {"in_hw": [shape[1], 1], "channels": shape[2], "pads": [pads[2], pads[3], 0, 0]}
+    return {"in_hw": shape[1:3], "channels": shape[3], "pads": pads[2:6]}
+
+
 def move_ops(model_bytes: bytes, native_outputs: dict[int, str], fused: set[int]) -> list[MoveOp]:
     """Walk the graph in order; a float32 MAX_POOL_2D (batch 1, 4-D), CONCATENATION (no fused activation),
     RESHAPE, STRIDED_SLICE (constant, no ellipsis/new-axis: a view), FULLY_CONNECTED (constant float32
@@ -77,10 +90,12 @@ def move_ops(model_bytes: bytes, native_outputs: dict[int, str], fused: set[int]
         if k in fused:
             continue
         code = codes[op.opcodeIndex]
-        if code not in (B.MAX_POOL_2D, B.CONCATENATION, B.RESHAPE, B.STRIDED_SLICE, B.FULLY_CONNECTED, B.SOFTMAX):
+        if code not in (B.MAX_POOL_2D, B.CONCATENATION, B.RESHAPE, B.STRIDED_SLICE, B.FULLY_CONNECTED, B.SOFTMAX,
+                        B.TANH, B.LOGISTIC, B.PAD):
             continue
         ins = [int(t) for t in op.inputs if int(t) >= 0]
-        data = ins[:1] if code in (B.RESHAPE, B.STRIDED_SLICE, B.FULLY_CONNECTED, B.SOFTMAX) else \
+        data = ins[:1] if code in (B.RESHAPE, B.STRIDED_SLICE, B.FULLY_CONNECTED, B.SOFTMAX, B.TANH, B.LOGISTIC,
+                                   B.PAD) else \
             [t for t in ins if const_array(s, m, g, t) is None]
         names = [tensor_name(g.tensors[t]) for t in data]
         out_t = g.tensors[int(op.outputs[0])]
@@ -111,6 +126,13 @@ def move_ops(model_bytes: bytes, native_outputs: dict[int, str], fused: set[int]
             kind = "fc"
         elif code == B.SOFTMAX:
             params, kind = {"shape": shape, "beta": float(o.beta)}, "softmax"
+        elif code in (B.TANH, B.LOGISTIC):
+            params, kind = {"shape": shape, "act": "tanh" if code == B.TANH else "logistic"}, "act"
+        elif code == B.PAD:
+            params = _pad_params(s, m, g, op, g.tensors[data[0]])
+            if params is None:
+                continue
+            kind = "pad"
         elif code == B.MAX_POOL_2D:
             x = g.tensors[data[0]]
             if len(x.shape) != 4 or int(x.shape[0]) != 1 or o.fusedActivationFunction not in FUSED_ACTIVATIONS:

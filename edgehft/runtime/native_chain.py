@@ -1,5 +1,5 @@
 """The cpu runtime's native plans (:mod:`edgehft.compiler.native`): a chain of LiteRT segments and native
-kernel calls (LSTM, CONV_2D, MAX_POOL_2D, CONCATENATION, FULLY_CONNECTED, SOFTMAX; RESHAPE and
+kernel calls (LSTM, CONV_2D, MAX_POOL_2D, CONCATENATION, FULLY_CONNECTED, SOFTMAX, TANH / LOGISTIC, PAD; RESHAPE and
 STRIDED_SLICE as views), tensors handed over by name, as ``native.json`` says.
 
 A chain step is ``(kind, handle)``: ``views`` (a LiteRT segment read and written through its own buffers),
@@ -19,7 +19,7 @@ import numpy as np
 
 from edgehft.runtime import litert
 
-KERNELS = ("lstm", "conv2d", "maxpool", "concat", "fc", "softmax")
+KERNELS = ("lstm", "conv2d", "maxpool", "concat", "fc", "softmax", "act", "pad")
 VIEWS = ("reshape", "slice")
 _OP_NAMES = {"lstm": "LSTM", "conv2d": "CONV_2D"}
 
@@ -137,6 +137,14 @@ def _open_kernel(root: Path, st: dict, portable: bool = False):
     if kind == "softmax":
         from edgehft.kernels.cpu.ops import NativeSoftmax
         k = NativeSoftmax(st["shape"], st["beta"])
+        return k, k.out
+    if kind == "act":
+        from edgehft.kernels.cpu.ops import NativeActivation
+        k = NativeActivation(st["shape"], st["act"])
+        return k, k.out
+    if kind == "pad":
+        from edgehft.kernels.cpu.ops import NativePad
+        k = NativePad(st["in_hw"], st["channels"], st["pads"])
         return k, k.out
     if kind == "lstm":
         from edgehft.kernels.cpu.lstm import NativeLSTM

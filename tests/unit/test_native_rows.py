@@ -80,3 +80,24 @@ def test_lstm_steps_in_pieces_equal_the_whole_recurrence(target):
         k.steps(g[5:9], 5)
     with pytest.raises(ShapeError, match="continuing"):
         k.steps(g[:30], 20)
+
+
+def test_activation_and_pad_kernels():
+    """TANH / LOGISTIC give the same bits on every target, within 2 fp32 ulps of float64's; PAD writes zeros
+    around the rows, also for an input of no rows (padding only)."""
+    from edgehft.kernels.cpu.ops import NativeActivation, NativePad
+    x = (3 * np.random.default_rng(2).standard_normal((7, 9))).astype(np.float32)
+    got = {}
+    for t in cpu_targets():
+        with force_target(t):
+            got[t] = [NativeActivation((7, 9), kind).run(x).copy() for kind in ("tanh", "logistic")]
+    first = next(iter(got.values()))
+    assert all(np.array_equal(a, b) for v in got.values() for a, b in zip(v, first))
+    x64 = x.astype(np.float64)
+    for y, want in zip(first, (np.tanh(x64), 1 / (1 + np.exp(-x64)))):
+        assert np.abs(y - want).max() <= 2 * np.finfo(np.float32).eps
+    y = NativePad((3, 2), 4, (1, 2, 1, 0)).run(np.ones((3, 2, 4), np.float32))
+    assert y.shape == (1, 6, 3, 4) and y.sum() == 24 and y[0, 1:4, 1:, :].min() == 1
+    assert not NativePad((0, 2), 4, (2, 0, 0, 0)).run(np.zeros(0, np.float32)).any()
+    with pytest.raises(ShapeError):
+        NativeActivation((3,), "relu")

@@ -15,6 +15,9 @@
 // fixed tree order. The 16 lanes are one AVX-512 vector, two AVX2 ones, four NEON ones or 16 scalars: every
 // target gives the same bits.
 // SOFTMAX (fp32, TFLite reference kernel): out[r][i] = exp(beta * (x[r][i] - max_r)) / sum_j exp(...).
+// TANH / LOGISTIC (fp32, elementwise): tanh and sigmoid exactly as the native LSTM kernel computes its gates
+// (cpu_lstm.h act: the same bits on every target), so a chain's activations match its LSTM's.
+// PAD (zeros): a (H, W, C) tensor with top/bottom rows and left/right columns of zeros (memcpy; exact).
 //
 // MAX_POOL_2D's max and the activations are comparisons (std::max's: a NaN input is not propagated
 // through the max, as in TFLite's reference kernel), so pool results are the same on every target too.
@@ -27,6 +30,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "cpu_simd-inl.h"
+#include "cpu_lstm.h"
 
 #ifndef EDGEHFT_CPU_OPS_ONCE_
 #define EDGEHFT_CPU_OPS_ONCE_
@@ -293,6 +297,71 @@ int edgehft_softmax_run(void* h, const float* __restrict x, float* __restrict ou
 }
 
 void edgehft_softmax_destroy(void* h) { free(h); }
+
+// Elementwise tanh (kind 0) or logistic (kind 1) of n floats, on the LSTM kernel's activation code of the target
+// in force at create. Null on a bad size or no memory.
+struct Act {
+    int n, kind;
+    const lstm::Fns* fn;
+    float* other;             // the activation not asked for (act computes both)
+};
+
+void* edgehft_act_create(int n, int kind) {
+    if (n < 1 || kind < 0 || kind > 1) return nullptr;
+    Act* a = static_cast<Act*>(malloc(sizeof(Act)));
+    if (!a) return nullptr;
+    a->n = n; a->kind = kind; a->fn = lstm::fns(simd_slot(current_slot()));
+    a->other = static_cast<float*>(malloc(sizeof(float) * static_cast<size_t>(n)));
+    if (!a->fn || !a->other) {
+        free(a->other); free(a);
+        return nullptr;
+    }
+    return a;
+}
+
+// x, out: n float32 (out may not alias x). Returns 0.
+int edgehft_act_run(void* h, const float* __restrict x, float* __restrict out) {
+    const Act& a = *static_cast<Act*>(h);
+    if (a.kind == 0) a.fn->act(x, out, a.other, a.n);
+    else a.fn->act(x, a.other, out, a.n);
+    return 0;
+}
+
+void edgehft_act_destroy(void* h) {
+    Act* a = static_cast<Act*>(h);
+    if (a) free(a->other);
+    free(a);
+}
+
+// Zero padding: d = {H, W, C, top, bottom, left, right}; H may be 0 (an output of padding only). Null on a
+// bad size.
+struct Pad {
+    int H, W, C, t, b, l, r;
+};
+
+void* edgehft_pad_create(const int* d) {
+    if (d[0] < 0 || d[1] < 1 || d[2] < 1 || d[3] < 0 || d[4] < 0 || d[5] < 0 || d[6] < 0) return nullptr;
+    Pad* p = static_cast<Pad*>(malloc(sizeof(Pad)));
+    if (p) *p = Pad{d[0], d[1], d[2], d[3], d[4], d[5], d[6]};
+    return p;
+}
+
+// x: (H, W, C) float32; out: (H + top + bottom, W + left + right, C). Returns 0.
+int edgehft_pad_run(void* h, const float* __restrict x, float* __restrict out) {
+    const Pad& p = *static_cast<Pad*>(h);
+    const size_t C = p.C, orow = static_cast<size_t>(p.W + p.l + p.r) * C, row = static_cast<size_t>(p.W) * C;
+    memset(out, 0, sizeof(float) * p.t * orow);
+    float* o = out + p.t * orow;
+    for (int y = 0; y < p.H; ++y, o += orow) {
+        memset(o, 0, sizeof(float) * p.l * C);
+        memcpy(o + p.l * C, x + y * row, sizeof(float) * row);
+        memset(o + p.l * C + row, 0, sizeof(float) * p.r * C);
+    }
+    memset(o, 0, sizeof(float) * p.b * orow);
+    return 0;
+}
+
+void edgehft_pad_destroy(void* h) { free(h); }
 
 }  // extern "C"
 }  // namespace edgehft

@@ -61,6 +61,16 @@ def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
     for name in ("edgehft_pool_slot", "edgehft_dense_slot"):
         getattr(lib, name).restype = i32
         getattr(lib, name).argtypes = [vp]
+    lib.edgehft_act_create.restype = vp
+    lib.edgehft_act_create.argtypes = [i32, i32]
+    lib.edgehft_act_run.restype = i32
+    lib.edgehft_act_run.argtypes = [vp, vp, vp]
+    lib.edgehft_act_destroy.argtypes = [vp]
+    lib.edgehft_pad_create.restype = vp
+    lib.edgehft_pad_create.argtypes = [vp]
+    lib.edgehft_pad_run.restype = i32
+    lib.edgehft_pad_run.argtypes = [vp, vp, vp]
+    lib.edgehft_pad_destroy.argtypes = [vp]
     lib._edgehft_ops_typed = True
     return lib
 
@@ -211,3 +221,58 @@ class NativeSoftmax(NativeKernel):
         x = _check(x, self.input_shape)
         self._run(self._h, x.ctypes.data, self._outp)
         return self.out
+
+
+ACTS = {"tanh": 0, "logistic": 1}
+
+
+class NativeActivation(NativeKernel):
+    """TANH or LOGISTIC (``kind``, a key of :data:`ACTS`) elementwise on a float32 tensor of ``shape``, as the
+    native LSTM kernel computes its gates (the same bits on every target; within a few fp32 ulps of
+    ``np.tanh`` / the logistic function). :meth:`run` returns :attr:`out`. ``ShapeError`` on a bad shape or kind."""
+
+    _destroy = "edgehft_act_destroy"
+
+    def __init__(self, shape, kind: str):
+        shape = tuple(int(d) for d in shape)
+        if not shape or min(shape) < 1 or kind not in ACTS:
+            raise ShapeError(f"activation {kind!r} on {shape}: a shape of dims >= 1 and one of {sorted(ACTS)}")
+        self.input_shape, self.kind = shape, kind
+        self.out = np.zeros(shape, np.float32)
+        self._lib = lib = load_library()
+        h = lib.edgehft_act_create(int(np.prod(shape, dtype=np.int64)), ACTS[kind])
+        if not h:
+            raise MemoryError("edgehft_act_create failed")
+        self._h, self._outp, self._run = ctypes.c_void_p(h), ctypes.c_void_p(self.out.ctypes.data), lib.edgehft_act_run
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        x = _check(x, self.input_shape)
+        self._run(self._h, x.ctypes.data, self._outp)
+        return self.out
+
+
+class NativePad(NativeKernel):
+    """TFLite PAD with zeros of a ``(H, W, C)`` float32 tensor (batch 1): ``pads`` ``(top, bottom, left, right)``;
+    ``H`` may be 0 (an output made of padding only). :meth:`run` returns :attr:`out` ``(1, H + top + bottom,
+    W + left + right, C)``. ``ShapeError`` on negative sizes."""
+
+    _destroy = "edgehft_pad_destroy"
+
+    def __init__(self, in_hw, channels: int, pads):
+        (H, W), C = (int(v) for v in in_hw), int(channels)
+        t, b, left, right = (int(v) for v in pads)
+        if H < 0 or W < 1 or C < 1 or min(t, b, left, right) < 0:
+            raise ShapeError(f"pad of {(H, W, C)} by {(t, b, left, right)}: sizes must be >= 0 (W, C >= 1)")
+        self.input_shape = (1, H, W, C)
+        self.out = np.zeros((1, H + t + b, W + left + right, C), np.float32)
+        self._lib = lib = load_library()
+        h = lib.edgehft_pad_create((ctypes.c_int * 7)(H, W, C, t, b, left, right))
+        if not h:
+            raise MemoryError("edgehft_pad_create failed")
+        self._h, self._outp, self._run = ctypes.c_void_p(h), ctypes.c_void_p(self.out.ctypes.data), lib.edgehft_pad_run
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, np.float32) if self.input_shape[1] else np.zeros(1, np.float32)
+        self._run(self._h, x.ctypes.data, self._outp)
+        return self.out
+
