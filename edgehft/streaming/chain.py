@@ -64,7 +64,8 @@ def runs(rows) -> list:
 
 @dataclass
 class TimeTensor:
-    """A tensor with a time axis (axis 1 of its shape): ``rows`` along time, ``row_shape`` per row, the buffer
+    """A tensor with a time axis (axis 1 of its shape, or axis 2 after a dim of 1): ``rows`` along time,
+    ``row_shape`` per row (the dims after the time axis), the buffer
     ``buf`` (CAPACITY * T rows of ``row`` float32 values), and from the analysis the row indices that are
     ``prepared`` (incl. constant) and ``critical``."""
 
@@ -74,6 +75,7 @@ class TimeTensor:
     buf: np.ndarray
     prepared: tuple = ()
     critical: tuple = ()
+    axis: int = 1                 # 1, or 2 with a dim 1 before it (a Conv1D's (1, 1, T, C) layout)
 
     @property
     def row(self) -> int:
@@ -116,16 +118,22 @@ def _rows_of(analysis, name: str):
 
 
 def _time_tensor(plan: Plan, name: str, shape, analysis, like: str | None = None) -> TimeTensor:
-    """Register the time tensor ``name`` of ``shape`` ``(1, rows, ...)`` with its analysis rows (those of
-    ``like`` for a tensor the graph does not have: an LSTM's projections)."""
-    rows_info = _rows_of(analysis, like or name)
-    if rows_info is None or rows_info.time_axis != 1 or rows_info.sub != 1 or not rows_info.exact:
-        raise _refuse(f"tensor {name!r}: the streaming analysis has no exact rows along axis 1 for it")
+    """Register the time tensor ``name`` of ``shape`` ``(1, rows, ...)`` or ``(1, 1, rows, ...)`` with its analysis
+    rows (those of ``like`` for a tensor the graph does not have: an LSTM's projections)."""
+    info = _rows_of(analysis, like or name)
     shape = tuple(int(d) for d in shape)
-    if len(shape) < 2 or shape[0] != 1 or shape[1] != rows_info.rows:
-        raise _refuse(f"tensor {name!r} of shape {list(shape)}: not (1, {rows_info.rows}, ...) along time")
-    t = TimeTensor(name, shape[1], shape[2:], np.zeros((CAPACITY * plan.window, int(np.prod(shape[2:]))), np.float32),
-                   tuple(sorted(rows_info.prepared + rows_info.constant)), tuple(rows_info.critical))
+    axis = info.time_axis if info is not None else None
+    if like is not None and info is not None:
+        axis = 1
+    if info is None or axis not in (1, 2) or info.sub != 1 or not info.exact or (axis == 2 and shape[1] != 1):
+        raise _refuse(f"tensor {name!r}: the streaming analysis has no exact rows along its axis 1 (or axis 2 "
+                      "after a dim of 1) for it")
+    if len(shape) <= axis or shape[0] != 1 or shape[axis] != info.rows:
+        raise _refuse(f"tensor {name!r} of shape {list(shape)}: not {info.rows} rows along axis {axis}")
+    row_shape = shape[axis + 1:]
+    t = TimeTensor(name, shape[axis], row_shape,
+                   np.zeros((CAPACITY * plan.window, int(np.prod(row_shape, dtype=np.int64))), np.float32),
+                   tuple(sorted(info.prepared + info.constant)), tuple(info.critical), axis)
     plan.tensors[name] = t
     return t
 
@@ -139,10 +147,35 @@ def _slab(out_rows: tuple, pad_top: int, k: int, in_rows: int) -> tuple:
     return lo, hi, lo - want_lo, want_hi - hi
 
 
-def _width_pads(W: int, kw: int, sw: int, padding: str) -> tuple:
+def _geometry(st: dict, src: TimeTensor, kernel_hw, in_hw):
+    """A conv / pool / pad step along its input's time axis: ``(k, lead, fixed, out_hw)`` with ``k`` the kernel
+    along time, ``lead`` its leading padding there, ``fixed`` the (before, after) padding of the other spatial axis
+    and ``out_hw`` the output's (H, W). InputError for a stride along time or time on W with H > 1."""
     from edgehft.kernels.cpu.conv import geometry
-    _, Wo, _, left = geometry((1, W), (1, kw), (1, sw), padding)
-    return left, max((Wo - 1) * sw + kw - W - left, 0)
+    H, W = in_hw
+    (kh, kw), (sh, sw) = kernel_hw, st.get("stride", (1, 1))
+    padding = st.get("padding") or [*st["pads"]]
+    Ho, Wo, ph, pw = geometry((H, W), (kh, kw), (sh, sw), padding)
+    if isinstance(padding, str):
+        pads = (ph, max((Ho - 1) * sh + kh - H - ph, 0), pw, max((Wo - 1) * sw + kw - W - pw, 0))
+    else:
+        pads = tuple(int(v) for v in padding)
+    t = 0 if src.axis == 1 else 1                       # which of (H, W) is time
+    if (sh, sw)[t] != 1:
+        raise _refuse(f"op #{st['op']} {st['kind']}: stride {(sh, sw)[t]} along time (each tick would shift its "
+                      f"rows by a fraction of a row)")
+    if t == 1 and (H != 1 or Ho != 1):
+        raise _refuse(f"op #{st['op']} {st['kind']}: time along W with H = {H} (rows of a tick are not contiguous)")
+    fixed = pads[2:] if t == 0 else pads[:2]
+    return (kh, kw)[t], pads[2 * t], fixed, (Ho, Wo), t
+
+
+def _slab_kernel(t: int, n_in: int, other: int, time_pads, fixed):
+    """``(in_hw, pads)`` of a kernel over ``n_in`` rows along time (axis ``t`` of (H, W)), the other axis
+    ``other`` wide with its ``fixed`` padding, the window's edges as ``time_pads``."""
+    if t == 0:
+        return (n_in, other), (*time_pads, *fixed)
+    return (other, n_in), (*fixed, *time_pads)
 
 
 class _Calls:
@@ -173,41 +206,41 @@ class _Calls:
 
 
 def _conv_like(plan: Plan, st: dict, root, analysis, portable: bool) -> None:
-    """A conv2d or maxpool step: stride 1 along time; runs of output rows from slabs of input rows."""
-    from edgehft.kernels.cpu.conv import NativeConv2D, geometry
-    from edgehft.kernels.cpu.ops import NativeMaxPool2D
-    src = plan.tensors.get(st["inputs"][0])
+    """A conv2d, maxpool or pad step: stride 1 along time; runs of output rows from slabs of input rows."""
+    from edgehft.kernels.cpu.conv import NativeConv2D
+    from edgehft.kernels.cpu.ops import NativeMaxPool2D, NativePad
+    kind, src = st["kind"], plan.tensors.get(st["inputs"][0])
     if src is None:
-        raise _refuse(f"op #{st['op']} {st['kind']}: its input {st['inputs'][0]!r} has no rows along time here")
-    (H, W), C = st["in_hw"], int(st["channels"])
-    if st["kind"] == "conv2d":
+        raise _refuse(f"op #{st['op']} {kind}: its input {st['inputs'][0]!r} has no rows along time here")
+    in_hw, C = tuple(st["in_hw"]), int(st["channels"])
+    if kind == "conv2d":
         with np.load(root / st["weights"]) as z:
             w, bias = z["weights"], (z["bias"] if "bias" in z.files else None)
         Co, kh, kw, _ = w.shape
     else:
-        (kh, kw), Co = st["filter"], C
-    sh, sw = st["stride"]
-    if sh != 1:
-        raise _refuse(f"op #{st['op']} {st['kind']}: stride {sh} along time (each tick would shift its rows by "
-                      f"1/{sh} of a row)")
-    Ho, Wo, pt, _ = geometry((H, W), (kh, kw), (sh, sw), st["padding"])
-    left, right = _width_pads(W, kw, sw, st["padding"])
+        (kh, kw), Co = (st["filter"] if kind == "maxpool" else (1, 1)), C
+    k, lead, fixed, (Ho, Wo), t = _geometry(st, src, (kh, kw), in_hw)
     like = st["inputs"][0] if st.get("what") == "LSTM input projection" else None
-    out = _time_tensor(plan, st["outputs"][0], (1, Ho, Wo, Co), analysis, like=like)
+    out = _time_tensor(plan, st["outputs"][0], (1, Ho, Wo, Co), analysis, like=like)   # (1, T, C): same rows
+    other = in_hw[1 - t]
+    sh, sw = st.get("stride", (1, 1))
+    stride = (1, sw) if t == 0 else (sh, 1)
 
     def slab_of(run):
-        lo, hi, top, bottom = _slab(run, pt, kh, H)
+        lo, hi, top, bottom = _slab(run, lead, k, in_hw[t])
         return lo, hi, (hi - lo, top, bottom)
 
     def make(key):
         n, top, bottom = key
-        pads = (top, bottom, left, right)
-        if st["kind"] == "conv2d":
-            k = NativeConv2D(w, bias, (n, W), C, (1, sw), pads, activation=st["activation"],
-                             alpha=st.get("alpha", 0.0), portable=portable)
-            plan.isa["CONV_2D"] = k.isa
-            return k
-        return NativeMaxPool2D((n, W), C, (kh, kw), (1, sw), pads, st["activation"])
+        hw, pads = _slab_kernel(t, n, other, (top, bottom), fixed)
+        if kind == "conv2d":
+            kern = NativeConv2D(w, bias, hw, C, stride, pads,
+                                activation=st["activation"], alpha=st.get("alpha", 0.0), portable=portable)
+            plan.isa["CONV_2D"] = kern.isa
+            return kern
+        if kind == "pad":
+            return NativePad(hw, C, pads)
+        return NativeMaxPool2D(hw, C, (kh, kw), stride, pads, st["activation"])
     _Calls(plan, out, make).add([src], slab_of)
 
 
@@ -228,32 +261,34 @@ def _concat(plan: Plan, st: dict, analysis) -> None:
 
 
 def _per_row(plan: Plan, st: dict, root, analysis) -> None:
-    """A per-timestep fc (Dense on every row) or softmax over a time tensor's last axis."""
-    from edgehft.kernels.cpu.ops import NativeDense, NativeSoftmax
+    """A per-timestep fc (Dense on every row), a softmax over a time tensor's last axis, or an elementwise
+    activation (tanh, logistic)."""
+    from edgehft.kernels.cpu.ops import NativeActivation, NativeDense, NativeSoftmax
     src = plan.tensors.get(st["inputs"][0])
     shape = [int(d) for d in st["shape"]]
-    if src is None or len(shape) < 3 or shape[1] != src.rows:
+    if src is None or len(shape) <= src.axis + 1 - (st["kind"] == "act") or shape[src.axis] != src.rows:
         raise _refuse(f"op #{st['op']} {st['kind']}: not applied row by row to a tensor along time")
     out = _time_tensor(plan, st["outputs"][0], shape, analysis)
-    if st["kind"] == "fc":
+    if st["kind"] == "act":
+        make = lambda n: NativeActivation((n, *shape[src.axis + 1:]), st["act"])   # noqa: E731
+    elif st["kind"] == "fc":
         with np.load(root / st["weights"]) as z:
             w, bias = z["weights"], (z["bias"] if "bias" in z.files else None)
         make = lambda n: NativeDense(w, bias, n * src.row // w.shape[1], (n, out.row), st["activation"])  # noqa: E731
     else:
-        make = lambda n: NativeSoftmax((n, *shape[2:]), st["beta"])   # noqa: E731
+        make = lambda n: NativeSoftmax((n, *shape[src.axis + 1:]), st["beta"])   # noqa: E731
     _Calls(plan, out, make).add([src], lambda run: (run[0], run[1], run[1] - run[0]))
 
 
 def _reshape(plan: Plan, st: dict, analysis) -> None:
-    """A reshape that keeps the time axis and its rows: the same buffer seen with another row shape."""
+    """A reshape that keeps the time axis' rows (along axis 1, or axis 2 after a dim of 1: a Conv1D's expand and
+    squeeze): the same buffer seen with another row shape."""
     src = plan.tensors[st["inputs"][0]]
     shape = [int(d) for d in st["shape"]]
-    if st.get("index") is not None or len(shape) < 2 or shape[1] != src.rows or \
-            int(np.prod(shape[2:], dtype=np.int64)) != src.row:
-        moved = len(shape) > 2 and shape[1] == 1 and shape[2] == src.rows
-        raise _refuse(f"op #{st['op']} RESHAPE to {shape}: " + (
-            "time moves to axis 2 (a Conv1D's layout: the chain executor streams time along axis 1, as Conv2D front "
-            "ends such as DeepLOB's have it)" if moved else "it moves rows across the time axis"))
+    axis = 2 if len(shape) > 2 and shape[1] == 1 and shape[2] == src.rows else 1
+    if st.get("index") is not None or len(shape) <= axis or shape[axis] != src.rows or \
+            int(np.prod(shape[axis + 1:], dtype=np.int64)) != src.row:
+        raise _refuse(f"op #{st['op']} RESHAPE to {shape}: it moves rows across the time axis")
     t = _time_tensor(plan, st["outputs"][0], shape, analysis)
     t.buf = src.buf
 
@@ -330,11 +365,11 @@ def build_plan(bundle, analysis, portable: bool = False) -> Plan:
                               "tensors (the chain executor runs edgehft's own kernels row by row)")
             if lstm_out is not None:
                 _head(plan, st, root, whole, lstm_out)
-            elif kind in ("conv2d", "maxpool"):
+            elif kind in ("conv2d", "maxpool", "pad"):
                 _conv_like(plan, st, root, analysis, portable)
             elif kind == "concat":
                 _concat(plan, st, analysis)
-            elif kind in ("fc", "softmax"):
+            elif kind in ("fc", "softmax", "act"):
                 _per_row(plan, st, root, analysis)
             elif kind == "reshape":
                 _reshape(plan, st, analysis)
@@ -358,7 +393,9 @@ def build_plan(bundle, analysis, portable: bool = False) -> Plan:
 
 
 def _run_calls(calls, base: int) -> None:
-    """One phase: every call with its rows at ``base`` (pointer arithmetic only, no allocation)."""
+    """One phase in Python, every call with its rows at ``base``: what the native program
+    (:class:`~edgehft.kernels.cpu.chain_program.ChainProgram`) runs for that phase, kept to time or check one
+    call alone (profiling)."""
     for fn, h, srcs, out_addr, out_rb, a, ptrs, ptrs_addr in calls:
         if ptrs is None:
             addr, rb, lo = srcs[0]
@@ -369,104 +406,100 @@ def _run_calls(calls, base: int) -> None:
             fn(h, ptrs_addr, out_addr + (base + a) * out_rb)
 
 
+def _program(plan: Plan, row: np.ndarray):
+    """The native program of ``plan`` (:class:`~edgehft.kernels.cpu.chain_program.ChainProgram`) reading the
+    staging ``row``."""
+    from edgehft.kernels.cpu.chain_program import ChainProgram
+    proj = plan.tensors[plan.lstm_input]
+    if proj.row != 4 * plan.lstm.hidden[0]:
+        raise _refuse(f"tensor {proj.name!r}: rows of {proj.row} values, the LSTM takes {4 * plan.lstm.hidden[0]}")
+    src = plan.tensors[plan.input]
+    bufs = list({id(t.buf): t.buf for t in plan.tensors.values()}.values())
+    calls = {ph: [(fn, h, srcs, out, out_rb, a, ptrs is not None) for fn, h, srcs, out, out_rb, a, ptrs, _ in cs]
+             for ph, cs in plan.calls.items()}
+    return ChainProgram(window=plan.window, capacity=CAPACITY, lstm_prepared=plan.lstm_prepared,
+                        lstm_steps=plan.lstm.timesteps, row=row,
+                        input_buf=(src.addr, src.row_bytes), lstm=plan.lstm._h, proj=(proj.addr, proj.row),
+                        h_last=plan.h_last, calls=calls, buffers=[(b.ctypes.data, b.strides[0]) for b in bufs],
+                        head=plan.head)
+
+
 class ChainExecutor:
     """One stream on a :class:`Plan` (the interface of :class:`edgehft.kernels.cpu.stream.NativeStream`, which
-    :class:`edgehft.streaming.stream.Stream` drives): :attr:`row` is the staging row (``(row,)`` float32),
-    :meth:`push_staged` pushes it (0: :attr:`out` holds the window's output; 1: warming up; -1: the row holds a
-    NaN or an infinity and was not kept), :meth:`prepare` runs the ahead-of-tick rows and steps."""
+    :class:`edgehft.streaming.stream.Stream` drives), run by a native program
+    (:class:`~edgehft.kernels.cpu.chain_program.ChainProgram`: the executor's state and the plan's calls in C):
+    :attr:`row` is the staging row (``(row,)`` float32), :meth:`push_staged` pushes it in one native call (0:
+    :attr:`out` holds the window's output; 1: warming up; -1: the row holds a NaN or an infinity and was not
+    kept), :meth:`prepare` runs the ahead-of-tick rows and steps (one native call), :meth:`start_helper` starts
+    the native thread that prepares after each push.
+
+    Raises:
+        InputError: the plan's projections do not fit its LSTM; MemoryError / BoardUnavailableError: the
+            program cannot be made (the plan's kernels are closed then)."""
 
     def __init__(self, plan: Plan):
         self.plan = plan
         self.T = plan.window
-        self._in = plan.tensors[plan.input]
-        self.row = np.zeros(self._in.row, np.float32)
+        self.row = np.zeros(plan.tensors[plan.input].row, np.float32)
         self.out = plan.output
         self.isa = ", ".join(f"{op} {isa}" for op, isa in plan.isa.items())
-        self._bufs = list({id(t.buf): t.buf for t in plan.tensors.values()}.values())
-        self._proj = plan.tensors[plan.lstm_input].buf
-        self._c = dict.fromkeys(("pushes", "outputs", "prepared_ahead", "prepared_late", "late_waited",
-                                 "late_prepare_ns", "prepares", "prepare_ns_total", "prepare_ns_last", "bad_rows",
-                                 "moves"), 0)
-        self.reset()
+        self.helper_core = None
+        try:
+            self._prog = _program(plan, self.row)
+        except BaseException:
+            self.close()
+            raise
+        call = self._prog.push_staged
+
+        def push_staged() -> int:
+            rc = call()
+            if rc < -1:
+                from edgehft.errors import BoardUnavailableError
+                raise BoardUnavailableError("a kernel of the chain failed on this push or its prepare (out of "
+                                            "memory for its scratch): no output", hint="free memory, then reset() "
+                                            "the stream or open another")
+            return rc
+        self.push_staged = push_staged
+
+    @property
+    def rows(self) -> int:
+        """Rows pushed since construction or :meth:`reset`."""
+        return self._prog.rows
 
     def reset(self) -> None:
-        """Forget every row (warming up again)."""
-        self.rows, self.base, self._computed, self._prepared = 0, 0, False, False
+        """Forget every row (warming up again; a prepare running on the helper finishes first)."""
+        self._prog.reset()
 
     def prepare(self) -> bool:
-        """The next window's rows and LSTM steps that do not need its newest row. False while fewer than T - 1
-        rows were pushed (nothing to prepare), else True (also when it was already prepared)."""
-        if self._prepared:
-            return True
-        if self.rows < self.T - 1:
-            return False
-        t0 = time.perf_counter_ns()
-        phase = "prepare" if self._computed else "cold"
-        if self._computed:
-            self.base += 1
-            if self.base + self.T > CAPACITY * self.T:        # the last window to the start (base 1: row 0 too)
-                for buf in self._bufs:
-                    buf[:self.T] = buf[self.base - 1:self.base - 1 + self.T]
-                self.base = 1
-                self._c["moves"] += 1
-        _run_calls(self.plan.calls[phase], self.base)
-        P = self.plan.lstm_prepared
-        self.plan.lstm.steps(self._proj[self.base:self.base + P], 0)
-        self._prepared, self._computed = True, False
-        dt = time.perf_counter_ns() - t0
-        self._c["prepares"] += 1
-        self._c["prepare_ns_total"] += dt
-        self._c["prepare_ns_last"] = dt
-        return True
-
-    def push_staged(self) -> int:
-        """Push :attr:`row` (see the class docstring for the return codes)."""
-        c = self._c
-        c["pushes"] += 1
-        if not np.isfinite(self.row).all():
-            c["bad_rows"] += 1
-            return -1
-        if self.rows < self.T - 1:
-            self._in.buf[self.rows] = self.row
-            self.rows += 1
-            return 1
-        if self._prepared:
-            c["prepared_ahead"] += 1
-        else:
-            t0 = time.perf_counter_ns()
-            self.prepare()
-            c["prepared_late"] += 1
-            c["late_prepare_ns"] += time.perf_counter_ns() - t0
-        base, P = self.base, self.plan.lstm_prepared
-        self._in.buf[base + self.T - 1] = self.row
-        self.rows += 1
-        _run_calls(self.plan.calls["critical"], base)
-        self.plan.lstm.steps(self._proj[base + P:base + self.T], P, self.plan.h_last)
-        for fn, h, x, y in self.plan.head:
-            fn(h, x, y)
-        self._prepared, self._computed = False, True
-        c["outputs"] += 1
-        return 0
+        """The next window's rows and LSTM steps that do not need its newest row (waits for the helper if it is
+        on them). False while fewer than T - 1 rows were pushed (nothing to prepare), else True (also when it
+        was already prepared)."""
+        return self._prog.prepare()
 
     def counters(self) -> dict:
-        """The counters :class:`~edgehft.kernels.cpu.stream.NativeStream` keeps (``helper`` 0: no helper thread
-        here), plus ``moves`` (times the window was moved to the buffers' start)."""
-        return {**self._c, "rows": self.rows, "helper": 0}
+        """The counters :class:`~edgehft.kernels.cpu.stream.NativeStream` keeps (``helper``: 1 while the helper
+        thread runs), plus ``moves`` (times the window was moved to the buffers' start) and ``kernel_errors``
+        (pushes or prepares whose kernels failed)."""
+        return self._prog.counters()
 
     def window(self) -> np.ndarray:
         """A copy of the current window's rows, oldest first: ``(min(rows, T), row)`` float32."""
-        n = min(self.rows, self.T)
-        if self.rows < self.T:
-            return self._in.buf[:n].copy()
-        return self._in.buf[self.base:self.base + self.T].copy() if not self._prepared else \
-            self._in.buf[self.base - 1:self.base - 1 + self.T].copy()
+        return self._prog.window()
 
-    def start_helper(self, core, spin_us) -> int:
-        """No native helper thread for chains yet: returns -2 (the caller refuses ``prepare="thread"``)."""
-        return -2
+    def start_helper(self, core=None, spin_us: int = 1000) -> int:
+        """Start the native thread that prepares right after each push, pinned to CPU ``core`` (None: not pinned);
+        it spins ``spin_us`` µs after its last prepare, then sleeps until the next push. Returns 0, or -1 already
+        running, -2 no thread could be started, -3 the core was refused."""
+        rc = self._prog.start_helper(core, spin_us)
+        if rc == 0:
+            self.helper_core = core
+        return rc
 
     def close(self) -> None:
-        """Free the kernels."""
+        """Stop the helper thread and free the program, then the kernels."""
+        prog, self._prog = getattr(self, "_prog", None), None
+        if prog is not None:
+            prog.close()
         for k in self.plan.kernels:
             k.close()
         self.plan.kernels = []

@@ -58,7 +58,7 @@ import numpy as np
 from edgehft.errors import InputError, NonFiniteInputError, RunnerStateError, ShapeError
 
 MODES = ("inline", "thread")
-CHAIN_FRONT = ("conv2d", "maxpool", "reshape", "concat", "fc", "softmax")   # first steps: the chain executor
+CHAIN_FRONT = ("conv2d", "maxpool", "pad", "reshape", "concat", "fc", "softmax", "act")   # the chain executor
 HEAD_PROBES = 64                  # seeded probe sequences the native head must match the plan's head on
 HINT_NATIVE = ("compile the model with --quant native (LSTM models; --quant auto ships it when it passes the "
                "gate, then open it with plan='native'), or predict window by window")
@@ -245,7 +245,7 @@ class Stream:
         spec = runner.bundle.manifest.inputs[0]
         self._native = None
         if plan.chain is not None:
-            self._open_chain(plan, mode)
+            self._open_chain(plan, mode, core, spin_us)
         else:
             self._open_lstm_stack(runner, plan, mode, core, spin_us)
         self.isa = self._native.isa
@@ -256,18 +256,19 @@ class Stream:
         self._entry = threading.Lock()
         self._bind()
 
-    def _open_chain(self, plan: StreamPlan, mode: str) -> None:
-        """The conv-front-end executor (:mod:`edgehft.streaming.chain`): its head is the chain's own kernels."""
+    def _open_chain(self, plan: StreamPlan, mode: str, core=None, spin_us: int = 1000) -> None:
+        """The conv-front-end executor (:mod:`edgehft.streaming.chain`, a native program): its head is the chain's
+        own kernels; ``prepare="thread"`` starts its native helper thread (pinned to ``core`` when given)."""
         from edgehft.streaming.chain import ChainExecutor
-        if mode == "thread":
-            for k in plan.chain.kernels:
-                k.close()
-            raise InputError("prepare='thread' runs the LSTM-stack executor's native helper thread; a conv front end "
-                             "(the chain executor) prepares inline for now",
-                             hint="stream(prepare='inline') and call stream.prepare() between ticks")
         self._head_seg = None
-        self._native = ChainExecutor(plan.chain)
         self.head, self.head_check = "native", "the chain's own kernels (those predict runs)"
+        self._native = ChainExecutor(plan.chain)           # closes the plan's kernels when it cannot be made
+        if mode == "thread":
+            rc = self._native.start_helper(core, spin_us)
+            if rc != 0:
+                self.close()
+                raise InputError("cannot start the prepare thread" + (f" on core {core}" if core is not None else "")
+                                 + f" (code {rc})", hint=f"CPUs this process may use: {sorted(os.sched_getaffinity(0))}")
 
     def _open_lstm_stack(self, runner, plan: StreamPlan, mode: str, core, spin_us: int) -> None:
         """The LSTM-stack executor (:mod:`edgehft.kernels.cpu.stream`) with a native or LiteRT head."""

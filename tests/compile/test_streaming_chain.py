@@ -14,6 +14,9 @@ and ``predict`` is called on exactly those windows.
 """
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 
@@ -103,8 +106,7 @@ def test_deeplob_on_every_target_with_late_pushes_and_a_reset(deeplob_bf16, day_
 
 
 def test_deeplob_window_and_refusals(deeplob_bf16, day_rows):
-    """window() is the last T rows pushed (also right after prepare); prepare='thread' is refused for a chain
-    with the reason; the int8-convolution plan of the same model is refused naming the plan that streams."""
+    """window() is the last T rows pushed (also right after prepare)."""
     with runtime.open(deeplob_bf16) as r:
         with r.stream() as s:
             for i, row in enumerate(day_rows[:450]):
@@ -113,9 +115,6 @@ def test_deeplob_window_and_refusals(deeplob_bf16, day_rows):
                     s.prepare()
                 if i >= T - 1 and i % 50 == 0:
                     assert np.array_equal(s.window(), day_rows[i - T + 1:i + 1])
-        with pytest.raises(InputError, match="prepares inline") as e:
-            r.stream(prepare="thread")
-        assert e.value.exit_code == 3
 
 
 def test_small_conv_pool_concat_lstm_model(models, tmp_path):
@@ -130,3 +129,99 @@ def test_small_conv_pool_concat_lstm_model(models, tmp_path):
         assert s.describe()["executor"] == "chain"
         rows = np.random.default_rng(3).standard_normal((400, *shape[2:])).astype(np.float32)
         assert _replay(r, s, rows, T=shape[1]) == (400 - shape[1] + 1, 0)
+
+
+@pytest.fixture(scope="module")
+def chain_models(tmp_path_factory):
+    """tests/make_stream_chain_models.py's models compiled --quant native-bf16 (once per module)."""
+    from conftest import ROOT, run_maker
+    src = run_maker(ROOT / "tests" / "make_stream_chain_models.py", tmp_path_factory.mktemp("chain_models"))
+    out = tmp_path_factory.mktemp("chain_bundles")
+    done = {}
+
+    def get(name):
+        if name not in done:
+            done[name] = out / f"{name}.bf16"
+            compile_model(src / f"{name}.keras", [src / f"{name}.npy"], done[name],
+                          CompileOptions(board="cpu", quant="native-bf16", calib_windows=12, drift_windows=8,
+                                         golden_count=2))
+        return done[name]
+    return get
+
+
+@pytest.mark.parametrize("name", ["conv1d_family", "conv1d_sigmoid"])
+def test_conv1d_models_stream_exactly(chain_models, name):
+    """Conv1D with same, valid and causal padding (a PAD before a valid conv), tanh / sigmoid activations, a
+    MaxPool1D along time, a per-timestep Dense, an LSTM over the shrunk time axis and a Dense head: every op runs
+    on a native kernel, and 400 seeded rows (every 4th window left unprepared) equal predict bit for bit."""
+    import json
+    bundle = chain_models(name)
+    kinds = [st["kind"] for st in json.loads((bundle / "native.json").read_text())["steps"]]
+    assert "litert" not in kinds
+    if name == "conv1d_family":
+        assert {"pad", "act", "maxpool", "fc"} <= set(kinds)
+    with runtime.open(bundle) as r, r.stream() as s:
+        T = r.bundle.manifest.inputs[0].shape[1]
+        rows = np.random.default_rng(11).standard_normal((400, *r.bundle.manifest.inputs[0].shape[2:])).astype(np.float32)
+        assert s.describe()["executor"] == "chain"
+        assert _replay(r, s, rows, skip_prepare_every=4, T=T) == (400 - T + 1, 0)
+        assert s.counters["prepared_late"] > 50
+
+
+def test_a_stride_along_time_is_refused_with_the_op(chain_models):
+    """Conv1D(strides=2): InputError (exit 3) naming the op and the stride along time (the analysis refuses it)."""
+    with runtime.open(chain_models("strided")) as r:
+        with pytest.raises(InputError) as e:
+            r.stream()
+    assert e.value.exit_code == 3 and "stride 2 along the time axis" in e.value.args[0], e.value.args[0]
+
+
+def _pinned_threads(core: int) -> int:
+    """Threads of this process whose CPU affinity is exactly {core}."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            n += os.sched_getaffinity(int(tid)) == {core}
+        except OSError:                 # the thread ended meanwhile
+            pass
+    return n
+
+
+def _wait_prepares(stream, n: int) -> None:
+    """Until the stream's executor has prepared n windows (the helper thread's work), at most 20 s."""
+    deadline = time.monotonic() + 20
+    while stream._native.counters()["prepares"] < n:
+        assert time.monotonic() < deadline, f"the helper prepared {stream._native.counters()['prepares']} of {n}"
+        time.sleep(0.0002)
+
+
+def test_deeplob_prepare_thread_pinned(deeplob_bf16, day_rows):
+    """prepare='thread' with the helper pinned to a core (one more thread of this process on exactly that core):
+    300 rows each pushed once the helper prepared its window (every output prepared ahead, none late), then a
+    reset and 300 rows back to back (the pushes race the helper: a late one prepares its window or waits for the
+    helper); every output equals predict of its window, window() is the last T rows; close stops the helper."""
+    core = max(os.sched_getaffinity(0))
+    before = _pinned_threads(core)
+    rows, burst = day_rows[7000:7300], day_rows[12000:12300]
+    with runtime.open(deeplob_bf16) as r:
+        with r.stream(prepare="thread", core=core, spin_us=200) as s:
+            assert (s.describe()["prepare"], s.describe()["core"]) == ("thread", core)
+            assert s._native.counters()["helper"] == 1 and _pinned_threads(core) == before + 1
+            differ = 0
+            for i, row in enumerate(rows):
+                y = s.push(row)
+                if i + 1 >= T:
+                    differ += not np.array_equal(y, r.predict(rows[i - T + 1:i + 1]))
+                if i + 1 >= T - 1:
+                    _wait_prepares(s, i - T + 3)      # the window the next push completes
+            assert differ == 0 and np.array_equal(s.window(), rows[-T:])
+            c = s.counters
+            assert (c["outputs"], c["prepared_ahead"], c["prepared_late"], c["late_waited"]) == (201, 201, 0, 0)
+            assert c["prepares"] == 202 and c["bad_rows"] == 0
+            s.reset()
+            outs = [s.push(row) for row in burst[:T - 1]] + [s.push(row).copy() for row in burst[T - 1:]]
+            assert outs[:T - 1] == [None] * (T - 1)
+            assert all(np.array_equal(outs[i], r.predict(burst[i - T + 1:i + 1])) for i in range(T - 1, len(burst)))
+            c = s.counters
+            assert c["outputs"] == 402 and c["prepared_ahead"] + c["prepared_late"] == 402
+        assert _pinned_threads(core) == before
