@@ -26,8 +26,9 @@ and exit status 1 (2: bad arguments). Commands:
     discard --version V --reason TEXT           drop a staged version that failed a check
     status                       what the box runs and keeps
     hil CHECK --board B [--options JSON] [--bundle DIR] [--emulate]
-                                 a HIL check (edgehft.hil.checks: golden, latency, soak) on the box's
-                                 active bundle (or DIR)
+                                 a HIL check (edgehft.hil.checks: golden, latency, streaming, soak) on the
+                                 box's active bundle (or DIR), in the box's own process; --options: the
+                                 check's keyword arguments as a JSON object (unknown keys are refused)
 
 Holding the box: a deploy runs ``hold`` over its own SSH connection for its whole length. ``receive
 --held`` and ``activate --held`` are refused unless that hold is still on for their version, and every
@@ -133,18 +134,56 @@ def _time_plans(store, args) -> dict:
     return {"measured": figures, "pinned_cpu": figures.pop("_core"), "rounds": args.rounds, "windows": len(windows)}
 
 
+HIL_CHECKS = ("golden", "latency", "streaming", "soak")
+
+
+def _hil_options(fn, check: str, text: str | None) -> dict:
+    """The keyword arguments of HIL check ``fn`` from ``--options`` (a JSON object; empty: the defaults).
+
+    Raises:
+        InputError: not a JSON object, or a key that is not one of ``fn``'s options (named, with the ones it takes).
+    """
+    import inspect
+    from edgehft.errors import InputError
+    try:
+        opts = json.loads(text or "{}")
+    except ValueError as exc:
+        raise InputError(f"hil {check}: --options is not JSON ({exc})",
+                         hint="a bug in the client that called the agent: it sends the options as a JSON object")
+    if not isinstance(opts, dict):
+        raise InputError(f"hil {check}: --options is a JSON {type(opts).__name__}, not an object",
+                         hint="a bug in the client that called the agent: it sends the options as a JSON object")
+    known = [p for p in inspect.signature(fn).parameters if p != "runner"]
+    unknown = sorted(k for k in opts if k not in known)
+    if unknown:
+        raise InputError(f"hil {check}: unknown option(s) {', '.join(unknown)}",
+                         hint=f"{check} takes {', '.join(known) or 'no options'}; a client newer than the box's "
+                              "edgehft may send more: upgrade edgehft on the box")
+    return opts
+
+
 def _hil(store, args) -> dict:
+    """One HIL check (:mod:`edgehft.hil.checks`: golden, latency, streaming, soak) on the box's active bundle
+    (or ``--bundle``) opened with the board's runtime in this process, with ``--options`` as its keyword
+    arguments. Returns the check's result dict (a bundle that does not stream: streaming's ``skipped`` result).
+
+    Raises:
+        InputError: an unknown check or option, or bad option values (the check's own).
+        EdgeHFTError: no active bundle; the bundle or runtime cannot be opened (BundleError, ...).
+    """
     from edgehft import runtime
+    from edgehft.errors import InputError
     from edgehft.hil import checks
-    fn = {"golden": checks.golden, "latency": checks.latency, "soak": checks.soak}.get(args.check)
-    if fn is None:
-        raise EdgeHFTError(f"unknown HIL check {args.check!r}", hint="golden, latency or soak")
+    if args.check not in HIL_CHECKS:
+        raise InputError(f"unknown HIL check {args.check!r}", hint="golden, latency, streaming or soak")
+    fn = getattr(checks, args.check)
+    opts = _hil_options(fn, args.check, args.options)
     path = args.bundle or str(store.current.resolve())
     if not args.bundle and store.active() is None:
         raise EdgeHFTError(f"no active bundle in {store.root}", hint="edgehft deploy one first, or pass a bundle")
-    opts = {"emulate": True} if args.emulate else {}
-    with runtime.open(path, args.board, **opts) as r:
-        return fn(r, **json.loads(args.options or "{}"))
+    emulate = {"emulate": True} if args.emulate else {}
+    with runtime.open(path, args.board, **emulate) as r:
+        return fn(r, **opts)
 
 
 def _abandon(store, args, reason: str) -> None:

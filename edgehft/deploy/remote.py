@@ -2,8 +2,9 @@
 
 Each check is one ``python -m edgehft.deploy.agent hil CHECK`` call: the box opens its active bundle (or
 ``bundle_dir_on_box``) with its own runtime, runs the check in its own process — so latency is the box's,
-not the network's — and sends the result dict back. Tick files for ``latency``/``soak`` are paths on the
-box; without them the check uses what the bundle carries (see :func:`edgehft.hil.checks.replay_source`).
+not the network's — and sends the result dict back. Tick files for ``latency``/``streaming``/``soak`` are
+paths on the box; without them the check uses what the bundle carries (see
+:func:`edgehft.hil.checks.replay_source`).
 """
 from __future__ import annotations
 
@@ -47,6 +48,12 @@ class RemoteTarget:
     def latency(self, **options) -> dict:
         """:func:`edgehft.hil.checks.latency` on the box (``ticks``: paths on the box)."""
         return self._run("latency", **options)
+
+    def streaming(self, **options) -> dict:
+        """:func:`edgehft.hil.checks.streaming` on the box: ticks pushed through the box's own
+        ``runner.stream()`` in its process (``ticks``: paths on the box); a bundle that does not stream comes
+        back as the check's ``skipped`` result."""
+        return self._run("streaming", **options)
 
     def soak(self, **options) -> dict:
         """:func:`edgehft.hil.checks.soak` on the box for ``options["minutes"]``."""

@@ -110,9 +110,6 @@ class EdgehftCheck(pytest.Item):
         elif self.check == "latency":
             res = target.latency(**s.latency_options())
         elif self.check == "streaming":
-            if not hasattr(target, "streaming"):
-                pytest.skip("the streaming check runs on a local target (--edgehft-bundle DIR on the board); the "
-                            "box's agent runs golden, latency and soak")
             res = target.streaming(**s.streaming_options())
         else:
             res = target.soak(**s.soak_options())
@@ -188,7 +185,8 @@ def edgehft_bundle(request):
 @pytest.fixture(scope="session")
 def edgehft_target(request):
     """The target the checks run on: a :class:`edgehft.hil.target.LocalTarget` (or, with
-    ``--edgehft-host``, a remote one): ``golden()``, ``latency(...)``, ``soak(...)`` return result dicts."""
+    ``--edgehft-host``, a remote one): ``golden()``, ``latency(...)``, ``streaming(...)``, ``soak(...)`` return
+    result dicts."""
     try:
         return _state_or_skip(request.config).get_target()
     except EdgeHFTError as exc:

@@ -1,10 +1,10 @@
 """Where the HIL checks run: this machine (:class:`LocalTarget`) or a box over SSH (``RemoteTarget`` from
 ``edgehft.deploy.remote``, same methods, same result dicts).
 
-A target has ``golden()``, ``latency(ticks=..., samples=..., ...)``, ``soak(minutes=..., ...)`` returning
-the JSON dicts of :mod:`edgehft.hil.checks`, ``describe()`` and ``close()``. A local target also has
-``streaming(...)`` (the box's agent runs golden, latency and soak) and exposes ``runner``: the runtime opened
-in this process, for a team's own tests.
+A target has ``golden()``, ``latency(ticks=..., samples=..., ...)``, ``streaming(..., compare=...)``,
+``soak(minutes=..., ...)`` returning the JSON dicts of :mod:`edgehft.hil.checks`, ``describe()`` and
+``close()``. A local target also exposes ``runner``: the runtime opened in this process, for a team's own
+tests.
 """
 from __future__ import annotations
 
