@@ -257,9 +257,10 @@ def streaming(runner, ticks: list[str] | None = None, samples: int = SAMPLES, wa
 def _open_stream(runner):
     """``runner.stream(prepare="inline")``, or why not (str: the InputError's message and hint, or a runtime
     without streams) for the check to skip."""
-    if not hasattr(runner, "stream"):
+    if not callable(getattr(runner, "stream", None)):         # (the jetson runner's .stream is a CUDA stream)
         return (f"board {runner.board!r}'s runtime does not stream: runner.stream() runs the cpu board's native "
-                "plans (compile an LSTM model with --board cpu --quant native)")
+                "plans (compile with --board cpu --quant native for LSTM stacks, --quant native-bf16 for "
+                "convolution front ends)")
     try:
         return runner.stream(prepare="inline")
     except InputError as exc:
