@@ -1,0 +1,196 @@
+"""edgehft's native chain program (``edgehft/kernels/cpu/cpu_chain.cpp``) through ctypes: a native chain's stream
+executor (issue 21) as data, built once, so that a push is one native call and a prepare another.
+
+:class:`edgehft.streaming.chain.ChainExecutor` hands the program its plan: per phase (``cold``, ``prepare``,
+``critical``) the kernel calls, each a run of rows of one tensor (the kernel's run function and handle, the
+output buffer's address, row bytes and first row, per input the buffer's address, row bytes and first row), the
+LSTM (a projected :class:`~edgehft.kernels.cpu.lstm.NativeLSTM`'s handle, its projections' buffer, the steps
+before the tick), the head's calls on whole tensors, the input buffer, the staging row and every buffer along
+time (for the window's move). The program keeps the executor's state (rows, ``base``, whether the next window
+is prepared, the moves) and the counters; the kernels are called in the plan's order with the plan's pointers,
+so its outputs are the Python executor's bit for bit. :meth:`ChainProgram.start_helper` starts a native thread
+(pinned to a core) that prepares right after each push (the same handover as
+:class:`~edgehft.kernels.cpu.stream.NativeStream`'s).
+
+The program does not own the kernels or buffers it names: they must outlive it (the caller keeps the plan).
+
+    prog = ChainProgram(window=100, capacity=4, lstm_prepared=86, lstm_steps=100, row=staging, ...)
+    rc = prog.push_staged()     # 0 output in the head's buffer, 1 warming up, -1 not finite, -2 a kernel failed
+    prog.prepare()              # when idle: the next window's rows and steps that do not need its newest row
+
+Raises :class:`~edgehft.errors.BoardUnavailableError` when the kernel library cannot be built or loaded.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+from edgehft.errors import InputError
+from edgehft.kernels.cpu import build
+
+PHASES = ("cold", "prepare", "critical")
+COUNTERS = ("pushes", "outputs", "prepared_ahead", "prepared_late", "late_waited", "late_prepare_ns",
+            "prepares", "prepare_ns_total", "prepare_ns_last", "rows", "bad_rows", "helper", "moves",
+            "kernel_errors")
+PUSHED, WARMING, NOT_FINITE, KERNEL_FAILED = 0, 1, -1, -2     # edgehft_chain_push's return codes
+_I64 = ctypes.c_int64
+
+
+def _struct(name: str, fields: str):
+    return type(name, (ctypes.Structure,), {"_fields_": [(f, _I64) for f in fields.split()]})
+
+
+# cpu_chain.cpp's Spec* structs: every field a 64-bit integer (addresses too)
+SpecSrc = _struct("SpecSrc", "addr row_bytes lo")
+SpecCall = _struct("SpecCall", "fn handle out out_row_bytes a nsrc src0 use_ptrs")
+SpecBuf = _struct("SpecBuf", "addr row_bytes")
+SpecHead = _struct("SpecHead", "fn handle x y")
+
+
+class Spec(ctypes.Structure):
+    _fields_ = [(f, _I64) for f in "T capacity P S row_floats row in_ in_row_bytes lstm proj proj_ld h_last".split()] \
+        + [("calls", _I64 * 3), ("ncalls", _I64 * 3)] + \
+        [(f, _I64) for f in "srcs nsrcs bufs nbufs head nhead".split()]
+
+
+def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
+    if getattr(lib, "_edgehft_chain_typed", False):
+        return lib
+    vp, i32, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
+    for name, res, args in (("edgehft_chain_create", vp, [vp]), ("edgehft_chain_destroy", None, [vp]),
+                            ("edgehft_chain_push", i32, [vp]), ("edgehft_chain_prepare", i32, [vp]),
+                            ("edgehft_chain_reset", None, [vp]), ("edgehft_chain_rows", u64, [vp]),
+                            ("edgehft_chain_start_helper", i32, [vp, i32, i32]),
+                            ("edgehft_chain_counters", None, [vp, vp]), ("edgehft_chain_window", i32, [vp, vp])):
+        getattr(lib, name).restype = res
+        getattr(lib, name).argtypes = args
+    lib._edgehft_chain_typed = True
+    return lib
+
+
+def load_library(cache_dir=None) -> ctypes.CDLL:
+    """The kernel library (:func:`edgehft.kernels.cpu.build.load_library`) with the chain functions typed."""
+    return _typed(build.load_library(cache_dir))
+
+
+def address(x) -> int:
+    """The address of a ctypes function, a ``c_void_p`` handle, a numpy array's data or an int (0 for None)."""
+    if x is None:
+        return 0
+    if isinstance(x, int):
+        return x
+    if isinstance(x, np.ndarray):
+        return x.ctypes.data
+    if isinstance(x, ctypes.c_void_p):
+        return x.value or 0
+    return ctypes.cast(x, ctypes.c_void_p).value or 0
+
+
+def _calls(calls: dict) -> tuple:
+    """Per phase a SpecCall array, and the SpecSrc array they index, from ``calls[phase]`` =
+    ``[(fn, handle, srcs, out_addr, out_row_bytes, a, use_ptrs), ...]``, ``srcs`` = ``((addr, row_bytes, lo), ...)``."""
+    srcs, arrays = [], []
+    for phase in PHASES:
+        rows = []
+        for fn, h, ins, out, out_rb, a, use_ptrs in calls.get(phase, ()):
+            rows.append(SpecCall(address(fn), address(h), int(out), int(out_rb), int(a), len(ins), len(srcs),
+                                 int(bool(use_ptrs))))
+            srcs.extend(SpecSrc(int(addr), int(rb), int(lo)) for addr, rb, lo in ins)
+        arrays.append(((SpecCall * max(len(rows), 1))(*rows), len(rows)))
+    return arrays, (SpecSrc * max(len(srcs), 1))(*srcs), len(srcs)
+
+
+class ChainProgram:
+    """A native chain program (see the module docstring).
+
+    Args:
+        window: T, the window's rows.
+        capacity: windows of rows per buffer along time (>= 2; a move every ``(capacity - 1) * T`` ticks).
+        lstm_prepared: P, the LSTM steps run in prepare (0 .. S).
+        lstm_steps: S, the LSTM's timesteps (<= T; the push runs steps P .. S - 1).
+        row: the staging row, a C-contiguous float32 array (its size is the input's row) the push reads.
+        input_buf: ``(address, row_bytes)`` of the input tensor's buffer (``capacity * T`` rows).
+        lstm: the projected single-layer LSTM's handle (``NativeLSTM._h``).
+        proj: ``(address, row_floats)`` of its projections' buffer (rows of ``4H`` float32 values at that stride).
+        h_last: ``(H,)`` float32, the LSTM's last h (the head's input).
+        calls: per phase name of :data:`PHASES` the calls ``(fn, handle, srcs, out_addr, out_row_bytes, a,
+            use_ptrs)`` (``fn`` a ctypes function ``int run(void*, const void*, float*)`` of the kernel library,
+            ``srcs`` ``((addr, row_bytes, lo), ...)``, ``use_ptrs``: the kernel takes an array of input pointers).
+        buffers: ``[(address, row_bytes), ...]`` of every distinct buffer along time.
+        head: ``[(fn, handle, x_addr, y_addr), ...]`` on whole tensors, after the LSTM.
+
+    Raises:
+        InputError: the program refuses the spec (a size out of range, an empty buffer list);
+        MemoryError: it cannot be allocated; BoardUnavailableError: no kernel library."""
+
+    def __init__(self, *, window: int, capacity: int, lstm_prepared: int, lstm_steps: int, row: np.ndarray,
+                 input_buf, lstm, proj, h_last: np.ndarray, calls: dict, buffers, head, lib: ctypes.CDLL | None = None):
+        if row.dtype != np.float32 or row.ndim != 1 or not row.flags.c_contiguous:
+            raise InputError(f"the staging row must be a contiguous (n,) float32 array, got {row.dtype} {row.shape}",
+                             hint="np.zeros(n, np.float32)")
+        self._lib = lib = _typed(lib) if lib is not None else load_library()
+        phase_arrays, srcs, nsrcs = _calls(calls)
+        bufs = (SpecBuf * max(len(buffers), 1))(*[SpecBuf(int(a), int(rb)) for a, rb in buffers])
+        heads = (SpecHead * max(len(head), 1))(*[SpecHead(address(f), address(h), int(x), int(y))
+                                                 for f, h, x, y in head])
+        spec = Spec(T=int(window), capacity=int(capacity), P=int(lstm_prepared), S=int(lstm_steps),
+                    row_floats=row.size, row=row.ctypes.data, in_=int(input_buf[0]), in_row_bytes=int(input_buf[1]),
+                    lstm=address(lstm), proj=int(proj[0]), proj_ld=int(proj[1]), h_last=address(h_last),
+                    srcs=ctypes.addressof(srcs), nsrcs=nsrcs, bufs=ctypes.addressof(bufs), nbufs=len(buffers),
+                    head=ctypes.addressof(heads), nhead=len(head))
+        for i, (arr, n) in enumerate(phase_arrays):
+            spec.calls[i], spec.ncalls[i] = ctypes.addressof(arr), n
+        h = lib.edgehft_chain_create(ctypes.byref(spec))
+        if not h:
+            raise InputError("the native chain program refused the plan (a size out of range or no buffers)",
+                             hint="rebuild the plan (edgehft.streaming.chain.build_plan)")
+        self._h = ctypes.c_void_p(h)
+        self.window_rows, self.row_size = int(window), row.size
+        self._counts = (ctypes.c_uint64 * len(COUNTERS))()
+        # the hot path's call, bound once: the staging row is the program's
+        self.push_staged = functools.partial(lib.edgehft_chain_push, self._h)
+
+    def prepare(self) -> bool:
+        """The next window's rows and LSTM steps that do not need its newest row (waits for the helper if it is
+        on them). False while fewer than T - 1 rows were pushed (nothing to prepare), else True."""
+        return self._lib.edgehft_chain_prepare(self._h) == 0
+
+    def reset(self) -> None:
+        """Forget every row (warming up again; a prepare running on the helper finishes first); counters stay."""
+        self._lib.edgehft_chain_reset(self._h)
+
+    @property
+    def rows(self) -> int:
+        """Rows pushed since construction or :meth:`reset`."""
+        return int(self._lib.edgehft_chain_rows(self._h))
+
+    def start_helper(self, core: int | None = None, spin_us: int = 1000) -> int:
+        """Start the thread that prepares after each push, pinned to CPU ``core`` (None: not pinned); it spins
+        ``spin_us`` µs after its last prepare, then sleeps until the next push. Returns 0, or -1 already running,
+        -2 no thread could be started, -3 the core was refused."""
+        return int(self._lib.edgehft_chain_start_helper(self._h, -1 if core is None else int(core), int(spin_us)))
+
+    def counters(self) -> dict:
+        """The program's counters (:data:`COUNTERS`), ints: ns for the ``*_ns*`` ones."""
+        self._lib.edgehft_chain_counters(self._h, self._counts)
+        return dict(zip(COUNTERS, (int(v) for v in self._counts)))
+
+    def window(self) -> np.ndarray:
+        """A copy of the current window's rows, oldest first: ``(min(rows, T), row)`` float32."""
+        buf = np.empty((self.window_rows, self.row_size), np.float32)
+        n = self._lib.edgehft_chain_window(self._h, buf.ctypes.data)
+        return buf[:n].copy()
+
+    def close(self) -> None:
+        """Stop the helper thread (after a prepare in progress) and free the program (not the kernels)."""
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            self._lib.edgehft_chain_destroy(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
