@@ -116,7 +116,10 @@ def _show_bundle(path: Path, engine_records, as_json: bool) -> None:
 
 
 def _streaming_report(path: Path, streaming: bool, plan: str | None, reasons: bool, as_json: bool) -> None:
-    """``report PATH --streaming``: :func:`edgehft.streaming.analysis.analyze_path` as a table and lines, or JSON.
+    """``report PATH --streaming``: :func:`edgehft.streaming.analysis.analyze_path` as a table and lines, or JSON;
+    for a bundle directory, then per board and plan whether it streams and what streaming would move
+    (:mod:`edgehft.streaming.boards`; JSON ``boards``). A bundle without a TFLite graph (Jetson: ONNX) has no
+    analysis (JSON ``streaming`` null), only its board's verdict.
 
     Raises:
         click.UsageError: --plan or --reasons without --streaming (exit 2).
@@ -124,13 +127,24 @@ def _streaming_report(path: Path, streaming: bool, plan: str | None, reasons: bo
     if not streaming:
         raise click.UsageError("--plan and --reasons apply with --streaming")
     from edgehft.streaming.analysis import analyze_path, summary, table
-    a = analyze_path(path, plan=plan)
+    from edgehft.streaming import boards
+    view = boards.bundle_streaming(path, plan) if path.is_dir() else None
+    a = view.analysis if view is not None else analyze_path(path, plan=plan)
     if as_json:
-        click.echo(json.dumps({"model": str(path), "plan": plan, "streaming": a.to_dict()}))
+        click.echo(json.dumps({"model": str(path), "plan": plan, "streaming": a.to_dict() if a is not None else None,
+                               "boards": [r.to_dict() for r in view.boards] if view else []}))
         return
-    out.print(table(a, reasons))
-    for line in summary(a):
-        out.print(line, highlight=False)
+    if a is not None:
+        out.print(table(a, reasons))
+        for line in summary(a):
+            out.print(line, highlight=False)
+    else:
+        out.print(f"no streaming analysis: plan {printable(view.plan)}'s model is {printable(view.model_file)} "
+                  "(the analysis reads TFLite graphs)", highlight=False)
+    if view is not None:
+        out.print(boards.table(view))
+        for line in boards.lines(view):
+            out.print(line, highlight=False)
 
 
 def _shown_as_compiled(model, path: Path, cpu_model: str | None, as_json: bool) -> bool:
