@@ -13,8 +13,8 @@
 // Numerics: tanh is Eigen's rational approximation (odd degree-13 / even degree-6 polynomials, input
 // clamped to +-7.90531110763549805, Horner steps as fused multiply-adds, a true division);
 // sigmoid(x) = 0.5 + 0.5 * tanh(x / 2). Measured max |error| against float64 on [-20, 20]: tanh 3.1e-7,
-// sigmoid 1.6e-7. Sums are fp32 fused multiply-adds in a fixed order: z starts at x_t @ W + b (k
-// ascending) then adds h_{t-1} @ U (k ascending). Every lane of every target computes the same
+// sigmoid 1.6e-7. Sums are fp32 fused multiply-adds in a fixed order: g = b + x_t @ W (k ascending) and
+// r = h_{t-1} @ U (from zero, k ascending), then z = g + r (one add). Every lane of every target computes the same
 // operations in the same order (the fallback target's multiply-adds are std::fma), so every target gives
 // the same bits (tests/unit/test_native_dispatch.py asserts it).
 //
@@ -23,14 +23,15 @@
 //
 // Schedule (per Highway target, chosen at create: cpu_dispatch.h): (1) the input projection for all T
 // steps is one GEMM G[T][Np] = X @ W + b, register blocked (5 rows x kGemmVecs vectors); (2) per step,
-// z = G[t] + h_{t-1} @ U with up to kMaxAcc accumulator vectors (AVX3: 28 x 16 lanes, i.e. H <= 112 in
+// z = G[t] + h_{t-1} @ U (the recurrent sum from zero, then one add of G[t]) with up to kMaxAcc accumulator vectors (AVX3: 28 x 16 lanes, i.e. H <= 112 in
 // one pass; AVX2: 12 x 8) held in registers across the whole k loop; wider layers take several balanced
 // column chunks, each a pass over h_{t-1}; (3) the gates from z a vector at a time (masked at the end),
 // c kept in a buffer, h_t written to its own row of the sequence.
 //
 // The stream executor (cpu_stream.cpp, issue 21) calls these same per-target functions through cpu_lstm.h
-// (lstm::fns): Gemm and Step for the steps it prepares ahead of a tick, StepIn for the step after it (the row's
-// projection and the recurrent product summed in one register pass, in the order Gemm then Step sum them).
+// (lstm::fns): Gemm and Step for the steps it prepares ahead of a tick, Recurrent for the last step's recurrent
+// sum (h_{T-2} is known before the tick), StepIn for the last step after it (only the row's projection, then the
+// precomputed sum added: the roundings Gemm then Step give).
 //
 // No allocation in edgehft_lstm_run: every buffer comes from edgehft_lstm_create.
 #include "cpu_dispatch.h"
@@ -155,43 +156,75 @@ void Gemm(const float* X, int ldx, int T, int K, const float* W, int N, const fl
     if (col0 < N) GemmTail<kGemmVecs - 1>((N - col0) / L, X, ldx, T, K, W, N, b, G, col0);
 }
 
-// z[v0*L .. (v0+NV)*L) = init + x @ W + hprev @ U (x: K values, or null; hprev: H values, or null at step 0),
-// NV accumulators in registers. Each lane's sum is init, then k ascending over x @ W, then k ascending over
-// hprev @ U, one fused multiply-add per term: the roundings of GemmBlock's G row (init = b) followed by a
-// step from that row (init = G, x null), so both ways give the same bits. g (not null): the sum after x @ W.
+// The step's sums for the NV vectors from v0. With hprev (H values; Step, not at step 0): z = G[t] + r, G[t]
+// given in b, r = hprev @ U summed from zero (k ascending, one fused multiply-add per term), one add. Else
+// (StepIn): g = b + x @ W (b then k ascending: the roundings of Gemm's G row), stored to g_out when not null,
+// then z = g + s with s the step's recurrent sum computed ahead (by Recurrent, as Step sums it) or z = g when
+// s is null.
+// So the step of a row takes the same roundings whether its recurrent sum runs in the same pass or ran ahead
+// (the stream executor computes h_{T-2} @ U before the tick, only g after it).
 template <int NV>
-HWY_INLINE void RecurChunk(const float* init, const float* x, int K, const float* W, float* g, const float* hprev,
-                           int H, int N, const float* U, float* z, int v0) {
+HWY_INLINE void RecurChunk(const float* b, const float* x, int K, const float* W, float* g_out, const float* hprev,
+                           const float* s, int H, int N, const float* U, float* z, int v0) {
     const D d;
     const int L = static_cast<int>(hn::Lanes(d));
     V acc[NV];
-    for (int v = 0; v < NV; v++) acc[v] = hn::Load(d, init + L * (v0 + v));
-    if (x) {
-        for (int k = 0; k < K; k++) {
-            const V xv = hn::Set(d, x[k]);
-            const float* w = W + (size_t)k * N + L * v0;
-            for (int v = 0; v < NV; v++) acc[v] = Fma(d, xv, hn::Load(d, w + L * v), acc[v]);
-        }
-        if (g) {
-            for (int v = 0; v < NV; v++) hn::Store(acc[v], d, g + L * (v0 + v));
-        }
-    }
-    if (hprev) {
+    if (hprev) {                                     // z = G[t] + hprev @ U: the recurrent sum first, from zero
+        for (int v = 0; v < NV; v++) acc[v] = hn::Zero(d);
         for (int k = 0; k < H; k++) {
             const V hv = hn::Set(d, hprev[k]);
             const float* u = U + (size_t)k * N + L * v0;
             for (int v = 0; v < NV; v++) acc[v] = Fma(d, hv, hn::Load(d, u + L * v), acc[v]);
+        }
+        for (int v = 0; v < NV; v++) acc[v] = hn::Add(hn::Load(d, b + L * (v0 + v)), acc[v]);
+    } else {
+        for (int v = 0; v < NV; v++) acc[v] = hn::Load(d, b + L * (v0 + v));
+        if (x) {
+            for (int k = 0; k < K; k++) {
+                const V xv = hn::Set(d, x[k]);
+                const float* w = W + (size_t)k * N + L * v0;
+                for (int v = 0; v < NV; v++) acc[v] = Fma(d, xv, hn::Load(d, w + L * v), acc[v]);
+            }
+            if (g_out) {
+                for (int v = 0; v < NV; v++) hn::Store(acc[v], d, g_out + L * (v0 + v));
+            }
+        }
+        if (s) {
+            for (int v = 0; v < NV; v++) acc[v] = hn::Add(acc[v], hn::Load(d, s + L * (v0 + v)));
         }
     }
     for (int v = 0; v < NV; v++) hn::Store(acc[v], d, z + L * (v0 + v));
 }
 
 template <int NV>
-HWY_INLINE void RecurChunkN(int nv, const float* init, const float* x, int K, const float* W, float* g,
-                            const float* hprev, int H, int N, const float* U, float* z, int v0) {
-    if (nv == NV) RecurChunk<NV>(init, x, K, W, g, hprev, H, N, U, z, v0);
+HWY_INLINE void RecurChunkN(int nv, const float* b, const float* x, int K, const float* W, float* g_out,
+                            const float* hprev, const float* s, int H, int N, const float* U, float* z, int v0) {
+    if (nv == NV) RecurChunk<NV>(b, x, K, W, g_out, hprev, s, H, N, U, z, v0);
     if constexpr (NV > 1) {
-        if (nv < NV) RecurChunkN<NV - 1>(nv, init, x, K, W, g, hprev, H, N, U, z, v0);
+        if (nv < NV) RecurChunkN<NV - 1>(nv, b, x, K, W, g_out, hprev, s, H, N, U, z, v0);
+    }
+}
+
+// r[0..N) = hprev @ U from zero (k ascending): a step's recurrent sum, as RecurChunk computes it.
+template <int NV>
+HWY_INLINE void RecurOnly(const float* hprev, int H, int N, const float* U, float* r, int v0) {
+    const D d;
+    const int L = static_cast<int>(hn::Lanes(d));
+    V rec[NV];
+    for (int v = 0; v < NV; v++) rec[v] = hn::Zero(d);
+    for (int k = 0; k < H; k++) {
+        const V hv = hn::Set(d, hprev[k]);
+        const float* u = U + (size_t)k * N + L * v0;
+        for (int v = 0; v < NV; v++) rec[v] = Fma(d, hv, hn::Load(d, u + L * v), rec[v]);
+    }
+    for (int v = 0; v < NV; v++) hn::Store(rec[v], d, r + L * (v0 + v));
+}
+
+template <int NV>
+HWY_INLINE void RecurOnlyN(int nv, const float* hprev, int H, int N, const float* U, float* r, int v0) {
+    if (nv == NV) RecurOnly<NV>(hprev, H, N, U, r, v0);
+    if constexpr (NV > 1) {
+        if (nv < NV) RecurOnlyN<NV - 1>(nv, hprev, H, N, U, r, v0);
     }
 }
 
@@ -212,24 +245,40 @@ HWY_INLINE void Gates(const float* z, int H, float* c, float* h, float clip) {
     }
 }
 
-// z = init + x @ W + hprev @ U (see RecurChunk) in column chunks of at most kMaxAcc vectors, then the gates.
-void StepIn(const float* init, const float* x, int K, const float* W, float* g, const float* hprev, int H, int N,
-            const float* U, float* c, float* h, float* z, float clip) {
+// The column chunks of N / L vectors: at most max_acc accumulators per pass over x or h, balanced.
+template <typename F>
+HWY_INLINE void Chunks(int N, int max_acc, F&& f) {
     const int NVt = N / static_cast<int>(hn::Lanes(D()));
-    const int nchunks = (NVt + kMaxAcc - 1) / kMaxAcc;     // <= kMaxAcc accumulators per pass over x and h
+    const int nchunks = (NVt + max_acc - 1) / max_acc;
     int v0 = 0;
     for (int ci = 0; ci < nchunks; ci++) {
-        const int nv = (NVt - v0) / (nchunks - ci);          // balanced chunks
-        RecurChunkN<kMaxAcc>(nv, init, x, K, W, g, hprev, H, N, U, z, v0);
+        const int nv = (NVt - v0) / (nchunks - ci);
+        f(nv, v0);
         v0 += nv;
     }
+}
+
+// z = (b + x @ W) + s (see RecurChunk; s: the step's precomputed recurrent sum, or null), then the gates.
+void StepIn(const float* b, const float* x, int K, const float* W, float* g, const float* s, int H, int N,
+            float* c, float* h, float* z, float clip) {
+    Chunks(N, kMaxAcc, [&](int nv, int v0) {
+        RecurChunkN<kMaxAcc>(nv, b, x, K, W, g, nullptr, s, H, N, nullptr, z, v0);
+    });
     Gates(z, H, c, h, clip);
 }
 
-// One step from its projected input row g (x @ W + b computed by Gemm).
+// One step from its projected input row g (x @ W + b computed by Gemm): z = g + hprev @ U, then the gates.
 void Step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
           float clip) {
-    StepIn(g, nullptr, 0, nullptr, nullptr, hprev, H, N, U, c, h, z, clip);
+    Chunks(N, kMaxAcc, [&](int nv, int v0) {
+        RecurChunkN<kMaxAcc>(nv, g, nullptr, 0, nullptr, nullptr, hprev, nullptr, H, N, U, z, v0);
+    });
+    Gates(z, H, c, h, clip);
+}
+
+// r = hprev @ U (a step's recurrent sum, as Step computes it), for a step whose input comes later.
+void Recurrent(const float* hprev, int H, int N, const float* U, float* r) {
+    Chunks(N, kMaxAcc, [&](int nv, int v0) { RecurOnlyN<kMaxAcc>(nv, hprev, H, N, U, r, v0); });
 }
 
 // th[i] = tanh(x[i]), sg[i] = sigmoid(x[i]) exactly as Step computes them.
@@ -247,7 +296,7 @@ void Act(const float* x, float* th, float* sg, int n) {
 }  // namespace
 
 extern const lstm::Fns kLstmFns;
-const lstm::Fns kLstmFns = {&Gemm, &Step, &Act, &StepIn};
+const lstm::Fns kLstmFns = {&Gemm, &Step, &Act, &StepIn, &Recurrent};
 
 }  // namespace HWY_NAMESPACE
 }  // namespace edgehft

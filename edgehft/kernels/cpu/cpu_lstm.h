@@ -12,17 +12,19 @@ namespace lstm {
 struct Fns {
     // G[T][N] = X[T][K] @ W[K][N] + b (X row stride ldx): per element, b then k ascending, fused multiply-adds.
     void (*gemm)(const float* X, int ldx, int T, int K, const float* W, int N, const float* b, float* G);
-    // One step: z = g + hprev @ U (k ascending; hprev null: step 0, z = g), then the gates: c updated
-    // (clamped to +-clip when clip > 0), h[0..H) written. z: N floats of scratch.
+    // One step: z = g + r with r = hprev @ U summed from zero (k ascending; hprev null: step 0, z = g), then the
+    // gates: c updated (clamped to +-clip when clip > 0), h[0..H) written. z: N floats of scratch.
     void (*step)(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
                  float clip);
     // th[i] = tanh(x[i]), sg[i] = sigmoid(x[i]) as step computes them (the accuracy probe).
     void (*act)(const float* x, float* th, float* sg, int n);
-    // One step with its own input projection: z = b + x @ W (k < K ascending) + hprev @ U, summed in that order
-    // in the same registers, so with the same roundings as gemm's G row followed by step (the same bits);
-    // the sum after x @ W is also stored to g when g is not null (the row's projection, for later windows).
-    void (*step_in)(const float* b, const float* x, int K, const float* W, float* g, const float* hprev, int H,
-                    int N, const float* U, float* c, float* h, float* z, float clip);
+    // One step with its own input projection: g = b + x @ W (k < K ascending; gemm's G row roundings), stored to
+    // g_out when not null, z = g + s (s: the recurrent sum computed ahead by recurrent; null: z = g), then the
+    // gates as step. Gives step's bits for the same row and hprev.
+    void (*step_in)(const float* b, const float* x, int K, const float* W, float* g_out, const float* s, int H,
+                    int N, float* c, float* h, float* z, float clip);
+    // r[0..N) = hprev @ U summed from zero as step sums it (a step's recurrent sum ahead of its input).
+    void (*recurrent)(const float* hprev, int H, int N, const float* U, float* r);
 };
 
 // The functions of Highway slot ``slot`` (cpu_dispatch.h: kAvx3 .. kFallback), nullptr for a slot this

@@ -11,13 +11,14 @@
 //   per layer l: seq [T][Hp] (h of the window's steps), c [Hp] (the cell state after the steps run so far),
 //                G [T][Np] for l >= 1 (layer l's input projection of layer l-1's h, new every window)
 //   head Wt [H][Mp] (the Dense weights, k-major, zero columns after M), hb [Mp], hout [Mp]
-// prepare(w) runs, per layer, G rows 0..T-2 (layers >= 1: one GEMM) and steps 0..T-2 from the zero state;
-// push(row w) runs, per layer, step T-1 with its input projection fused in (z = b + x @ W + h @ U, lstm::Fns
-// step_in; layer 0 also stores x @ W0 + b0 into P for later windows), then the head.
+// prepare(w) runs, per layer, G rows 0..T-2 (layers >= 1: one GEMM), steps 0..T-2 from the zero state and step
+// T-1's recurrent sum R = h_{T-2} @ U (it needs no new row); push(row w) runs, per layer, step T-1's input
+// projection and gates only (z = (b + x @ W) + R, lstm::Fns step_in; layer 0 also stores x @ W0 + b0 into P for
+// later windows), then the head: per layer one in x 4H product on the critical path, not two.
 //
 // Exactness: the steps are cpu_lstm.cpp's own functions (lstm::fns: gemm, step, step_in) on the same padded
-// weight layout as edgehft_lstm_create's, and step_in's sums have the roundings of gemm's row followed by step
-// (cpu_lstm.h), so push gives the bits edgehft_lstm_run gives on the same window, on every target. The head
+// weight layout as edgehft_lstm_create's, and step_in's sums (with R from recurrent) have the roundings of gemm's
+// row followed by step (cpu_lstm.h), so push gives the bits edgehft_lstm_run gives on the same window, on every target. The head
 // sums, per output m, hb[m] then h[k] * W[m][k] for k ascending, one fused multiply-add each: the order of
 // XNNPACK's f32 GEMM "broadcast" micro-kernels, which run a LiteRT FULLY_CONNECTED with one row; the Python
 // side (edgehft.streaming.stream) checks it against the plan's own LiteRT head before using it.
@@ -138,6 +139,7 @@ struct Layer {
     float clip = 0;
     float *W = nullptr, *U = nullptr, *b = nullptr;   // W [in][Np], U [H][Np], b [Np]: Keras columns, 0 after 4H
     float *seq = nullptr, *c = nullptr, *G = nullptr; // seq [T][Hp], c [Hp], G [T][Np] (layers >= 1)
+    float* R = nullptr;                               // [Np]: step T-1's recurrent sum h_{T-2} @ U, from prepare
 };
 
 struct Counters {                                     // written by the pushing thread
@@ -173,9 +175,9 @@ bool alloc_layer(Layer& y, int in, int H, int T, bool projected_here, const floa
     y.in = in; y.H = H; y.Hp = (H + 15) / 16 * 16; y.Np = (4 * H + 15) / 16 * 16;
     y.clip = clip > 0 ? clip : 0;
     y.W = aligned_floats((size_t)in * y.Np); y.U = aligned_floats((size_t)H * y.Np); y.b = aligned_floats(y.Np);
-    y.seq = aligned_floats((size_t)T * y.Hp); y.c = aligned_floats(y.Hp);
+    y.seq = aligned_floats((size_t)T * y.Hp); y.c = aligned_floats(y.Hp); y.R = aligned_floats(y.Np);
     if (projected_here) y.G = aligned_floats((size_t)T * y.Np);
-    if (!y.W || !y.U || !y.b || !y.seq || !y.c || (projected_here && !y.G)) return false;
+    if (!y.W || !y.U || !y.b || !y.seq || !y.c || !y.R || (projected_here && !y.G)) return false;
     pad_cols(W, in, 4 * H, y.Np, y.W);
     pad_cols(U, H, 4 * H, y.Np, y.U);
     pad_cols(b, 1, 4 * H, y.Np, y.b);
@@ -201,6 +203,7 @@ void prepare_window(Stream* s, uint64_t id) {
             const float* hprev = t ? y.seq + (size_t)(t - 1) * y.Hp : nullptr;
             s->fn->step(g, hprev, y.H, y.Np, y.U, y.c, y.seq + (size_t)t * y.Hp, s->zp, y.clip);
         }
+        if (n > 0) s->fn->recurrent(y.seq + (size_t)(n - 1) * y.Hp, y.H, y.Np, y.U, y.R);   // step T-1's h @ U
     }
     const uint64_t dt = now_ns() - t_start;
     s->prepares.fetch_add(1, std::memory_order_relaxed);
@@ -307,7 +310,7 @@ void destroy(Stream* s) {
     if (s->L) {
         for (int l = 0; l < s->nl; l++) {
             Layer& y = s->L[l];
-            free(y.W); free(y.U); free(y.b); free(y.seq); free(y.c); free(y.G);
+            free(y.W); free(y.U); free(y.b); free(y.seq); free(y.c); free(y.G); free(y.R);
         }
     }
     delete[] s->L;
@@ -328,9 +331,9 @@ void critical(Stream* s, uint64_t id, float* out) {
     const float* x = s->ring + slot * s->in0;
     for (int l = 0; l < s->nl; l++) {
         Layer& y = s->L[l];
-        const float* hprev = T > 1 ? y.seq + (last - 1) * y.Hp : nullptr;
         float* g = l == 0 ? s->P + slot * y.Np : nullptr;
-        s->fn->step_in(y.b, x, y.in, y.W, g, hprev, y.H, y.Np, y.U, y.c, y.seq + last * y.Hp, s->zc, y.clip);
+        s->fn->step_in(y.b, x, y.in, y.W, g, T > 1 ? y.R : nullptr, y.H, y.Np, y.c, y.seq + last * y.Hp, s->zc,
+                       y.clip);
         x = y.seq + last * y.Hp;
     }
     const Layer& z = s->L[s->nl - 1];
