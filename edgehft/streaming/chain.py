@@ -93,13 +93,15 @@ class TimeTensor:
 @dataclass
 class Plan:
     """What :class:`ChainExecutor` runs: the input tensor's name, the time tensors, per phase the prepared calls
-    (``cold``: every non-critical row, for the first window after open or reset; ``prepare``; ``critical``), the
+    (``cold``: every non-critical row, for the first window after open or reset; ``prepare``; ``critical``) and
+    what each call is (``call_ops``: step kind, graph ops, output rows ``[a, b)``: what the profile shows), the
     LSTM (kernel, projection tensor, steps before the tick) and the head calls on whole tensors."""
 
     input: str
     window: int
     tensors: dict
     calls: dict = field(default_factory=lambda: {"cold": [], "prepare": [], "critical": []})
+    call_ops: dict = field(default_factory=lambda: {"cold": [], "prepare": [], "critical": []})  # (kind, ops, a, b)
     lstm: object = None
     lstm_input: str = ""
     lstm_prepared: int = 0
@@ -182,8 +184,9 @@ class _Calls:
     """Builds the three phases' calls of one row-wise step (one kernel per run of rows, kernels shared between
     runs of the same geometry)."""
 
-    def __init__(self, plan: Plan, out: TimeTensor, make):
+    def __init__(self, plan: Plan, out: TimeTensor, make, st: dict):
         self.plan, self.out, self.make, self.cache = plan, out, make, {}
+        self.what = (st["kind"], tuple(st.get("ops") or [st["op"]]))
 
     def add(self, ins, slab_of) -> None:
         """``ins``: the step's input TimeTensors; ``slab_of((a, b))`` -> ``(lo, hi, key)``: the input rows a run
@@ -203,6 +206,7 @@ class _Calls:
                 srcs = tuple((t.addr, t.row_bytes, lo) for t in ins)
                 self.plan.calls[phase].append((k._run, k._h, srcs, self.out.addr, self.out.row_bytes, a, ptrs,
                                                None if ptrs is None else ctypes.addressof(ptrs)))
+                self.plan.call_ops[phase].append((*self.what, a, b))
 
 
 def _conv_like(plan: Plan, st: dict, root, analysis, portable: bool) -> None:
@@ -241,7 +245,7 @@ def _conv_like(plan: Plan, st: dict, root, analysis, portable: bool) -> None:
         if kind == "pad":
             return NativePad(hw, C, pads)
         return NativeMaxPool2D(hw, C, (kh, kw), stride, pads, st["activation"])
-    _Calls(plan, out, make).add([src], slab_of)
+    _Calls(plan, out, make, st).add([src], slab_of)
 
 
 def _concat(plan: Plan, st: dict, analysis) -> None:
@@ -257,7 +261,7 @@ def _concat(plan: Plan, st: dict, analysis) -> None:
     out_shape[axis] = sum(s[axis] for s in shapes)
     out = _time_tensor(plan, st["outputs"][0], out_shape, analysis)
     make = lambda n: NativeConcat([(1, n, *s[2:]) for s in shapes], axis)   # noqa: E731
-    _Calls(plan, out, make).add(srcs, lambda run: (run[0], run[1], run[1] - run[0]))
+    _Calls(plan, out, make, st).add(srcs, lambda run: (run[0], run[1], run[1] - run[0]))
 
 
 def _per_row(plan: Plan, st: dict, root, analysis) -> None:
@@ -277,7 +281,7 @@ def _per_row(plan: Plan, st: dict, root, analysis) -> None:
         make = lambda n: NativeDense(w, bias, n * src.row // w.shape[1], (n, out.row), st["activation"])  # noqa: E731
     else:
         make = lambda n: NativeSoftmax((n, *shape[src.axis + 1:]), st["beta"])   # noqa: E731
-    _Calls(plan, out, make).add([src], lambda run: (run[0], run[1], run[1] - run[0]))
+    _Calls(plan, out, make, st).add([src], lambda run: (run[0], run[1], run[1] - run[0]))
 
 
 def _reshape(plan: Plan, st: dict, analysis) -> None:
