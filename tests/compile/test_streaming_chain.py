@@ -176,15 +176,9 @@ def test_a_stride_along_time_is_refused_with_the_op(chain_models):
     assert e.value.exit_code == 3 and "stride 2 along the time axis" in e.value.args[0], e.value.args[0]
 
 
-def _pinned_threads(core: int) -> int:
-    """Threads of this process whose CPU affinity is exactly {core}."""
-    n = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            n += os.sched_getaffinity(int(tid)) == {core}
-        except OSError:                 # the thread ended meanwhile
-            pass
-    return n
+def _threads() -> set:
+    """This process' thread ids."""
+    return {int(t) for t in os.listdir("/proc/self/task")}
 
 
 def _wait_prepares(stream, n: int) -> None:
@@ -196,17 +190,19 @@ def _wait_prepares(stream, n: int) -> None:
 
 
 def test_deeplob_prepare_thread_pinned(deeplob_bf16, day_rows):
-    """prepare='thread' with the helper pinned to a core (one more thread of this process on exactly that core):
+    """prepare='thread' with the helper pinned to a core (the one thread the open starts, on exactly that core):
     300 rows each pushed once the helper prepared its window (every output prepared ahead, none late), then a
     reset and 300 rows back to back (the pushes race the helper: a late one prepares its window or waits for the
     helper); every output equals predict of its window, window() is the last T rows; close stops the helper."""
     core = max(os.sched_getaffinity(0))
-    before = _pinned_threads(core)
     rows, burst = day_rows[7000:7300], day_rows[12000:12300]
     with runtime.open(deeplob_bf16) as r:
+        before = _threads()
         with r.stream(prepare="thread", core=core, spin_us=200) as s:
+            helper = _threads() - before
+            assert [os.sched_getaffinity(t) for t in helper] == [{core}]
             assert (s.describe()["prepare"], s.describe()["core"]) == ("thread", core)
-            assert s._native.counters()["helper"] == 1 and _pinned_threads(core) == before + 1
+            assert s._native.counters()["helper"] == 1
             differ = 0
             for i, row in enumerate(rows):
                 y = s.push(row)
@@ -224,4 +220,4 @@ def test_deeplob_prepare_thread_pinned(deeplob_bf16, day_rows):
             assert all(np.array_equal(outs[i], r.predict(burst[i - T + 1:i + 1])) for i in range(T - 1, len(burst)))
             c = s.counters
             assert c["outputs"] == 402 and c["prepared_ahead"] + c["prepared_late"] == 402
-        assert _pinned_threads(core) == before
+        assert not helper & _threads()              # close stopped it
