@@ -25,17 +25,18 @@ The LSTM runs :meth:`~edgehft.kernels.cpu.lstm.NativeLSTM.steps` on the projecti
 equals ``predict`` of the same plan on the same window bit for bit on every dispatch target, which the tests
 check over a replayed day.
 
-The hot path is Python calling one native kernel per run of rows (about 20 calls for DeepLOB: no allocation,
-no copy of a cached row; prepared pointers, ``base`` added per call). What the executor refuses, with the op:
-a LiteRT segment in the chain, a stride or a kernel along time it cannot slide (stride > 1), a concat along
-time, a reshape that moves the time axis, an LSTM that is not fed by projections, anything after the LSTM but a
-slice of its last step and whole-tensor kernels.
+The calls (one kernel per run of rows, about 20 for DeepLOB's critical path: no allocation, no copy of a cached
+row) run from one native program (:mod:`edgehft.kernels.cpu.chain_program`, ``cpu_chain.cpp``): a push is one
+native call, a prepare another, and ``prepare="thread"`` runs prepare on a pinned helper thread. The time axis is
+axis 1 of each tensor, or axis 2 after a dim of 1 (a Conv1D's ``(1, 1, T, C)``). What the executor refuses, with
+the op: a LiteRT segment in the chain, a stride along time, time along W with H > 1, a concat along time, a
+reshape that moves rows across the time axis, an LSTM that is not fed by projections, anything after the LSTM but
+a slice of its last step and whole-tensor kernels (fc, softmax, reshape).
 """
 from __future__ import annotations
 
 import ctypes
 import json
-import time
 from dataclasses import dataclass, field
 
 import numpy as np

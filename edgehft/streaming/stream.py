@@ -33,8 +33,7 @@ A convolution front end (DeepLOB: Conv2D, MaxPool along time, concat, reshape, t
 on the ``native-bf16`` plan (``compile --quant native-bf16``): its chain of edgehft kernels runs on
 :mod:`edgehft.streaming.chain`'s executor (``describe()["executor"] == "chain"``; each tensor's rows in buffers that
 slide, the rows the analysis calls prepared computed by ``prepare()``, the critical ones by ``push``; bit for bit
-``predict`` of that plan; ``prepare="inline"`` only). Its hot path is one native kernel call per run of rows from
-Python (about 20 for DeepLOB), not one call.
+``predict`` of that plan; a push and a prepare are one native call each, ``prepare="thread"`` as above).
 
 A model or plan that does not stream is refused at ``runner.stream()`` with InputError (exit 3) naming why: the
 streaming analysis' blocking op (:mod:`edgehft.streaming.analysis`; e.g. DeepLOB's int8-weight convolutions in
