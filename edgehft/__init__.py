@@ -5,3 +5,10 @@ only have numpy and a TFLite interpreter. The compiler (:mod:`edgehft.compiler`)
 ``pip install 'edgehft[compile]'``.
 """
 __version__ = "0.3.0"
+
+
+def serve(install_dir, **options):
+    """``edgehft.serve(install_dir)``: an in-process server of the box's active version with hot swap after a
+    shadow run (:func:`edgehft.serving.serve`, whose docstring lists ``options``)."""
+    from edgehft.serving import serve as _serve
+    return _serve(install_dir, **options)

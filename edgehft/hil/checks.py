@@ -172,7 +172,7 @@ def latency(runner, ticks: list[str] | None = None, samples: int = SAMPLES, warm
     mode = "recorded" if t_ns is not None else "max"
     res = replay(predict, windows, t_ns, mode=mode, warmup=warmup, samples=samples, speed=speed)
     lat = summarize_us(res.latency_ns)
-    judged = _judge(runner, lat, budget_p99, budget_p999)
+    judged = judge_latency(runner, lat, budget_p99, budget_p999)
     ok = None if judged["not_judged"] else all(v["ok"] for v in judged["verdicts"].values())
     return {"check": "latency", "ok": ok,
             "samples": int(len(res.latency_ns)), "warmup": warmup, "mode": mode,
@@ -181,8 +181,9 @@ def latency(runner, ticks: list[str] | None = None, samples: int = SAMPLES, warm
             **judged, "gaps_capped": res.gaps_capped, "source": source, **_runner_info(runner)}
 
 
-def _judge(runner, lat: dict, budget_p99, budget_p999) -> dict:
-    """Hold the p99 and p99.9 of ``lat`` (:func:`summarize_us`, µs) to the budget (:func:`_budget`).
+def judge_latency(runner, lat: dict, budget_p99, budget_p999) -> dict:
+    """Hold the p99 and p99.9 of ``lat`` (:func:`summarize_us`, µs) to the budget (:func:`_budget`); the HIL
+    checks' verdict, and what the serving process holds a shadow run to (:mod:`edgehft.serving`).
 
     Returns:
         ``{"budget_us", "budget_from", "verdicts": {p99|p999: {"value_us", "budget_us", "ok"}}, "not_judged"}``;
@@ -240,7 +241,7 @@ def streaming(runner, ticks: list[str] | None = None, samples: int = SAMPLES, wa
         res = replay_stream(stream, rows, T, t_ns, mode=mode, warmup=warmup, samples=samples, speed=speed)
         described = stream.describe()
     lat = summarize_us(res.latency_ns)
-    judged = _judge(runner, lat, budget_p99, budget_p999)
+    judged = judge_latency(runner, lat, budget_p99, budget_p999)
     c = res.counters
     ok = False if exact["mismatches"] else \
         None if judged["not_judged"] else all(v["ok"] for v in judged["verdicts"].values())

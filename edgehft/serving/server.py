@@ -1,0 +1,405 @@
+"""The in-process server (issue 17): ``edgehft.serve(install_dir)`` answers ``predict`` from the box's active
+version and swaps versions between two calls, after checking the new one on the live inputs.
+
+    srv = edgehft.serve("/opt/edgehft", on_event=print)     # opens what `current` points to
+    y = srv.predict(window)                                  # always the active version's runner
+    srv.rollback()                                           # the previous version, kept warm: at once
+    srv.close()
+
+A manager thread watches ``<install_dir>/current`` (:mod:`edgehft.serving.watch`). When it points to a version the
+server does not run:
+
+1. **load**: the version is opened (:func:`edgehft.runtime.open`: every file's SHA-256 against the manifest, the
+   signature when ``require_signature`` says so, the plan recorded on this box), its golden vectors run
+   (:func:`edgehft.bundle_checks.check_golden`) and it is pre-warmed (``prewarm`` predictions);
+2. **shadow run**: ``predict`` copies each live input into a bounded queue (only while a shadow run is armed: one
+   copy of the window per call); the manager runs the candidate on them, and a second runner of the active
+   version (its own interpreter: the caller's is never touched off its thread) for the reference outputs, until
+   ``calls`` inputs or ``seconds`` have passed (fewer than ``min_calls`` live inputs: the golden inputs fill up,
+   and the verdict says how many of each);
+3. **verdict**: the candidate's outputs against the active version's (relative MAE, the compile drift gate's
+   measure, :func:`edgehft.compiler.drift.measure_drift`, at most ``max_rel_mae``) and its own latency there
+   (p99 / p99.9 against ``budget_p99_us`` / ``budget_p999_us``, default the board's ``[latency_budget_us]``);
+4. **swap** (an attribute assignment between two calls: no lock on the hot path) or **refuse** (the active version
+   keeps serving; a refused version is not retried until ``current`` moves again). The version swapped out stays
+   open as ``previous``: :meth:`Server.rollback`, a box ``edgehft rollback`` (``current`` back to it), or a breach
+   after the swap (the caller's own p99 over the ``breach_calls`` calls after it above the budget) swap back at
+   once. The one before is closed ``grace_s`` seconds later.
+
+Every step is an event (``{"event", "version", "time_utc", ...figures}``: ``serving``, ``loaded``, ``shadow``,
+``swapped``, ``refused``, ``rolled_back``, ``breach``, ``error``), kept in :attr:`Server.events`, logged on the
+``edgehft.serving`` logger, appended to ``events_path`` (JSON lines) when given and passed to ``on_event``.
+
+Off the caller's path, with a cost: the manager is a Python thread, so while it works it competes for the GIL
+(the kernels and LiteRT's invoke release it). ``serve`` sets ``sys.setswitchinterval`` to ``switch_interval_s``
+(default 100 µs, Python's is 5 ms) so a caller waits at most about that long, and pins the manager to
+``shadow_core`` when given (give it a core the caller does not use). The benchmark
+(``benchmarks/serve_swap.py``) measures the caller's p99.9 around swaps against away from them.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from edgehft.errors import EdgeHFTError, InputError
+from edgehft.serving.watch import LinkWatch, current_version
+
+log = logging.getLogger("edgehft.serving")
+
+
+@dataclass
+class ShadowPolicy:
+    """How a new version is checked before it serves (see the module docstring): ``calls`` live inputs (or
+    ``seconds``, whichever first; at least ``min_calls``, golden inputs fill up), outputs within ``max_rel_mae``
+    of the active version's, p99 / p99.9 µs within the budgets (None: the board's), ``prewarm`` predictions
+    before the shadow run, ``breach_calls`` caller calls watched after a swap."""
+
+    calls: int = 300
+    seconds: float = 20.0
+    min_calls: int = 50
+    max_rel_mae: float = 0.01
+    budget_p99_us: float | None = None
+    budget_p999_us: float | None = None
+    prewarm: int = 30
+    breach_calls: int = 1000
+
+
+class _Version:
+    """One opened version: its id, runner, and the manager's own runner of it (reference outputs)."""
+
+    def __init__(self, root: Path, vid: str, open_kw: dict):
+        from edgehft import runtime
+        self.vid, self.path = vid, root / "versions" / vid
+        self.runner = runtime.open(self.path, **open_kw)
+        self.reference = None
+        self.open_kw = open_kw
+
+    def reference_runner(self):
+        if self.reference is None:
+            from edgehft import runtime
+            self.reference = runtime.open(self.path, **self.open_kw)
+        return self.reference
+
+    def close(self) -> None:
+        for r in (self.runner, self.reference):
+            if r is not None:
+                r.close()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _copy(y):
+    """A copy of a predict result (an array, or a tuple of arrays)."""
+    return tuple(a.copy() for a in y) if isinstance(y, (tuple, list)) else (y.copy(),)
+
+
+class Server:
+    """The server ``serve()`` returns (see the module docstring). :meth:`predict` is safe from one caller
+    thread at a time (as a runner is); the other methods from any thread.
+
+    Raises (at construction): InputError when nothing is deployed under ``install_dir`` (no ``current``), and
+    what :func:`edgehft.runtime.open` raises for the active version."""
+
+    def __init__(self, install_dir, *, policy: ShadowPolicy | None = None, on_event=None, events_path=None,
+                 require_signature=None, threads: int = 1, watch: str = "auto", poll_s: float = 0.2,
+                 shadow_core: int | None = None, switch_interval_s: float | None = 1e-4, grace_s: float = 2.0):
+        self.root = Path(install_dir)
+        self.policy = policy or ShadowPolicy()
+        self.on_event, self.events_path, self.grace_s = on_event, events_path, float(grace_s)
+        self.shadow_core = shadow_core
+        self._open_kw = {"threads": threads, "require_signature": require_signature}
+        vid = current_version(self.root)
+        if vid is None:
+            raise InputError(f"nothing is deployed under {self.root}: no 'current' link",
+                             hint="edgehft deploy BUNDLE --host BOX puts a version there first")
+        self.events: list = []
+        self._lock = threading.Lock()          # the manager's and rollback()'s swaps (never predict)
+        self._active, self._previous = _Version(self.root, vid, self._open_kw), None
+        self._tap = self._breach = None        # the shadow run's input queue; the caller's latencies after a swap
+        self._refused, self._last_seen, self._retired = set(), vid, []
+        if switch_interval_s:
+            sys.setswitchinterval(float(switch_interval_s))
+        self._emit("serving", vid, plan=getattr(self._active.runner, "plan", None))
+        self._watch = LinkWatch(self.root, watch, poll_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._manage, name="edgehft-serve", daemon=True)
+        self._thread.start()
+
+    # --- the hot path -------------------------------------------------------------------------------------
+    def predict(self, *windows):
+        """``predict`` of the active version's runner (its result, its errors). While a shadow run is armed the
+        inputs are also copied for the candidate; after a swap the call is timed for the breach watch."""
+        v, breach = self._active, self._breach
+        if breach is None:
+            y = v.runner.predict(*windows)
+        else:
+            t0 = time.perf_counter_ns()
+            y = v.runner.predict(*windows)
+            breach.append(time.perf_counter_ns() - t0)
+        tap = self._tap
+        if tap is not None:
+            tap.append(tuple(np.array(w, copy=True) for w in windows))
+        return y
+
+    # --- what the caller can ask ----------------------------------------------------------------------------
+    @property
+    def active(self) -> str:
+        """The version id that answers :meth:`predict`."""
+        return self._active.vid
+
+    @property
+    def previous(self) -> str | None:
+        """The version kept warm for :meth:`rollback` (None before the first swap)."""
+        return None if self._previous is None else self._previous.vid
+
+    def rollback(self, why: str = "asked by the caller") -> str:
+        """Swap back to the previous version at once; returns the version now active. The version swapped out
+        is not retried until ``current`` moves again. Raises InputError when there is no previous version."""
+        with self._lock:
+            if self._previous is None:
+                raise InputError("nothing to roll back to: no version was swapped out yet",
+                                 hint="a rollback follows a swap (server.previous names the warm version)")
+            out = self._active
+            self._active, self._previous = self._previous, out
+            self._breach = None
+            self._refused.add(out.vid)
+        self._emit("rolled_back", self._active.vid, from_version=out.vid, why=why)
+        return self._active.vid
+
+    def close(self) -> None:
+        """Stop the manager and close every version (later predicts raise RunnerStateError)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+        self._watch.close()
+        for v in [self._active, self._previous, *[r for r, _ in self._retired]]:
+            if v is not None:
+                v.close()
+        self._retired = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- events -----------------------------------------------------------------------------------------
+    def _emit(self, event: str, version: str | None, **figures) -> dict:
+        e = {"event": event, "version": version, "time_utc": _now(), **figures}
+        self.events.append(e)
+        log.info("%s %s %s", event, version, json.dumps(figures, default=str))
+        if self.events_path:
+            try:
+                with open(self.events_path, "a") as f:
+                    f.write(json.dumps(e, default=str) + "\n")
+            except OSError as exc:
+                log.warning("cannot append to %s: %s", self.events_path, exc)
+        if self.on_event is not None:
+            try:
+                self.on_event(e)
+            except Exception:              # a user's callback never stops the server
+                log.exception("on_event raised")
+        return e
+
+    # --- the manager thread -----------------------------------------------------------------------------------
+    def _manage(self) -> None:
+        if self.shadow_core is not None:
+            try:
+                os.sched_setaffinity(0, {int(self.shadow_core)})        # this thread only (Linux)
+            except (OSError, ValueError) as exc:
+                self._emit("error", None, what=f"cannot pin the manager to core {self.shadow_core}: {exc}")
+        while not self._stop.is_set():
+            try:
+                self._check_current()
+                self._check_breach()
+                self._close_retired()
+            except Exception as exc:         # the server keeps serving what it serves
+                self._emit("error", None, what=f"{type(exc).__name__}: {exc}")
+            self._watch.wait()
+
+    def _check_current(self) -> None:
+        vid = current_version(self.root)
+        if vid != self._last_seen:           # current moved: what was refused may be tried again
+            self._refused.clear()
+            self._last_seen = vid
+        if vid is None or vid == self._active.vid or vid in self._refused:
+            return
+        if self._previous is not None and vid == self._previous.vid:
+            with self._lock:
+                out = self._active
+                self._active, self._previous, self._breach = self._previous, out, None
+            self._emit("rolled_back", vid, from_version=out.vid, why="the box's current link went back to it")
+            return
+        self._try(vid)
+
+    def _try(self, vid: str) -> None:
+        """Load, check, shadow-run and swap in (or refuse) version ``vid``."""
+        from edgehft.bundle_checks import check_golden
+        t0 = time.monotonic()
+        try:
+            cand = _Version(self.root, vid, self._open_kw)
+        except EdgeHFTError as exc:
+            self._refuse(vid, f"it does not open: {exc.args[0]}")
+            return
+        try:
+            g = check_golden(cand.runner)
+            if not g["ok"]:
+                self._refuse(vid, f"golden vectors differ: {g['count'] - g['matched']} of {g['count']} "
+                                  f"(max diff {g['max_diff']:.3g})", cand)
+                return
+            self._prewarm(cand)
+            self._emit("loaded", vid, open_s=round(time.monotonic() - t0, 3), golden=f"{g['matched']}/{g['count']}",
+                       plan=getattr(cand.runner, "plan", None))
+            verdict = self._shadow(cand)
+            self._emit("shadow", vid, **verdict)
+            if verdict["ok"]:
+                self._swap_in(cand, verdict)
+            else:
+                self._refuse(vid, "; ".join(verdict["why"]), cand)
+        except Exception as exc:
+            self._refuse(vid, f"{type(exc).__name__}: {exc}", cand)
+
+    def _refuse(self, vid: str, why: str, cand: _Version | None = None) -> None:
+        self._tap = None
+        self._refused.add(vid)
+        if cand is not None:
+            cand.close()
+        self._emit("refused", vid, why=why, active=self._active.vid)
+
+    def _golden_inputs(self, v: _Version, as_float: bool = False) -> list:
+        """The bundle's golden input windows, one tuple per window: raw (what ``predict_raw`` takes), or as
+        ``predict`` takes them (quantized inputs dequantized: scale * (q - zero_point))."""
+        ins, _ = v.runner.bundle.golden()
+        specs = v.runner.bundle.manifest.inputs
+        out = []
+        for n in range(len(ins[specs[0].name])):
+            xs = []
+            for sp in specs:
+                x = ins[sp.name][n:n + 1]
+                if as_float and sp.quantized:
+                    x = ((x.astype(np.float32) - np.float32(sp.zero_point[0])) * np.float32(sp.scale[0])).astype(np.float32)
+                xs.append(x)
+            out.append(tuple(xs))
+        return out
+
+    def _prewarm(self, cand: _Version) -> None:
+        xs = self._golden_inputs(cand)
+        for i in range(self.policy.prewarm):
+            cand.runner.predict_raw(*xs[i % len(xs)])
+
+    def _shadow(self, cand: _Version) -> dict:
+        """The shadow run and its verdict (see the module docstring): ``{"ok", "why", "live_calls",
+        "golden_calls", "rel_mae", "max_abs", "latency_us", "budget_us", "budget_from", "verdicts"}``."""
+        pol = self.policy
+        tap = collections.deque(maxlen=4 * pol.calls)
+        self._tap = tap                                   # predict copies its inputs from here on
+        ref = self._active.reference_runner()
+        pairs, lat = [], []
+        deadline = time.monotonic() + pol.seconds
+        try:
+            while len(pairs) < pol.calls and time.monotonic() < deadline and not self._stop.is_set():
+                try:
+                    xs = tap.popleft()
+                except IndexError:
+                    time.sleep(0.0005)
+                    continue
+                self._shadow_one(ref, cand, xs, pairs, lat)
+        finally:
+            self._tap = None
+        live = len(pairs)
+        golden = self._golden_inputs(cand, as_float=True)
+        for i in range(max(0, pol.min_calls - live)):
+            self._shadow_one(ref, cand, golden[i % len(golden)], pairs, lat)
+        return self._verdict(cand, pairs, lat, live)
+
+    @staticmethod
+    def _shadow_one(ref, cand, xs, pairs: list, lat: list) -> None:
+        want = _copy(ref.predict(*xs))
+        t0 = time.perf_counter_ns()
+        got = cand.runner.predict(*xs)
+        lat.append(time.perf_counter_ns() - t0)
+        pairs.append((want, _copy(got)))
+
+    def _verdict(self, cand: _Version, pairs: list, lat: list, live: int) -> dict:
+        from edgehft.bench.replay import summarize_us
+        from edgehft.compiler.drift import measure_drift
+        from edgehft.hil.checks import judge_latency
+        pol, why = self.policy, []
+        names = [s.name for s in cand.runner.bundle.manifest.outputs]
+        ref_outs = [np.concatenate([p[0][k] for p in pairs]) for k in range(len(names))]
+        cand_outs = [np.concatenate([p[1][k] for p in pairs]) for k in range(len(names))]
+        drift = measure_drift(ref_outs, cand_outs, names, [False] * len(names), pol.max_rel_mae,
+                              self._active.vid, cand.vid)
+        if not drift.passed:
+            worst = max(drift.outputs, key=lambda o: o.mae_rel)
+            why.append(f"outputs differ from the active version's: relative MAE {worst.mae_rel:.3%} on {worst.name} "
+                       f"(gate {pol.max_rel_mae:.3%})")
+        lat_us = summarize_us(np.asarray(lat, np.int64))
+        judged = judge_latency(cand.runner, lat_us, pol.budget_p99_us, pol.budget_p999_us)
+        for key, v in judged["verdicts"].items():
+            if not v["ok"]:
+                why.append(f"{'p99.9' if key == 'p999' else key} {v['value_us']:.1f} µs over the budget "
+                           f"{v['budget_us']:g} µs ({judged['budget_from']})")
+        return {"ok": not why, "why": why, "live_calls": live, "golden_calls": len(pairs) - live,
+                "rel_mae": max(o.mae_rel for o in drift.outputs), "max_abs": max(o.max_abs for o in drift.outputs),
+                "latency_us": lat_us, **judged}
+
+    def _swap_in(self, cand: _Version, verdict: dict) -> None:
+        with self._lock:
+            retired, out = self._previous, self._active
+            self._previous, self._active = out, cand          # the swap: predict's next call runs cand
+            self._breach = collections.deque(maxlen=self.policy.breach_calls)
+        if retired is not None:
+            self._retired.append((retired, time.monotonic() + self.grace_s))
+        self._emit("swapped", cand.vid, from_version=out.vid, live_calls=verdict["live_calls"],
+                   p99_us=verdict["latency_us"]["p99"], rel_mae=verdict["rel_mae"])
+
+    def _check_breach(self) -> None:
+        """After a swap: once ``breach_calls`` caller calls were timed, their p99 / p99.9 against the budget;
+        over it: back to the previous version at once."""
+        from edgehft.bench.replay import summarize_us
+        from edgehft.hil.checks import judge_latency
+        b = self._breach
+        if b is None or len(b) < self.policy.breach_calls:
+            return
+        self._breach = None
+        lat = summarize_us(np.asarray(b, np.int64))
+        judged = judge_latency(self._active.runner, lat, self.policy.budget_p99_us, self.policy.budget_p999_us)
+        over = [k for k, v in judged["verdicts"].items() if not v["ok"]]
+        if over and self._previous is not None:
+            self._emit("breach", self._active.vid, latency_us=lat, over=over, budget_us=judged["budget_us"])
+            self.rollback(why=f"breach after the swap: {', '.join(over)} over the budget")
+
+    def _close_retired(self) -> None:
+        now, keep = time.monotonic(), []
+        for v, at in self._retired:
+            if now >= at:
+                v.close()
+            else:
+                keep.append((v, at))
+        self._retired = keep
+
+
+def serve(install_dir, **options) -> Server:
+    """An in-process :class:`Server` on the box's install directory ``install_dir`` (the board file's
+    ``[ssh] install_dir``): ``predict`` from the version ``current`` points to, new versions shadow-run and swapped
+    in between two calls. ``options``: ``policy`` (:class:`ShadowPolicy`), ``on_event`` (called with each event
+    dict), ``events_path`` (JSON lines), ``require_signature`` (as :func:`edgehft.runtime.open`), ``threads``,
+    ``watch`` (``auto`` | ``inotify`` | ``poll``), ``poll_s``, ``shadow_core``, ``switch_interval_s`` (None:
+    leave Python's), ``grace_s``.
+
+    Raises:
+        InputError: nothing deployed there; what :func:`edgehft.runtime.open` raises for the active version."""
+    return Server(install_dir, **options)
