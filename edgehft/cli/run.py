@@ -98,17 +98,25 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
               help="Feed the ticks one row at a time through runner.stream() (cpu native LSTM and native-bf16 plans): tick-to-signal "
                    "latency of push, the prepare after each push (inline), and the share of ticks whose prepare "
                    "was done before they arrived.")
+@click.option("--batch", "batch", default=None, metavar="N1,N2,...",
+              help="Time runner.predict_many at these batch sizes (2 to 64): µs per input as one batch and one by "
+                   "one, and which predict_many runs; without --ticks, the golden inputs.")
 @runner_opts
 @json_opt
 @handles_errors
 def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, profile, top,
-              streaming, board, threads, affinity, emulate, device, overlay, as_json):
+              streaming, batch, board, threads, affinity, emulate, device, overlay, as_json):
     """Replay real ticks through BUNDLE and print latency percentiles in µs (or, with --profile, time per op; with
     --streaming, one row per tick through the streaming runtime)."""
     from edgehft.bench.fingerprint import machine_fingerprint
     from edgehft.bench.replay import check_plot_target, histogram_png, replay
     if plot:
         check_plot_target(plot)
+    if batch is not None:
+        if profile or streaming or plot:
+            raise click.UsageError("--batch times predict_many on its own: drop --profile, --streaming and --plot")
+        return _bench_batch(bundle, ticks, run_features, _batch_sizes(batch),
+                            (board, threads, affinity, emulate, device, overlay, as_json))
     if streaming:
         if profile:
             raise click.UsageError("--profile times the plan op by op; it has no --streaming split yet: drop one")
@@ -154,6 +162,38 @@ def _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, 
         click.echo(json.dumps(res))
         return
     print_profile(res, out, top)
+
+
+def _batch_sizes(text: str) -> list[int]:
+    """``--batch 2,4,8`` as [2, 4, 8] (click.BadParameter, exit 2, for anything but integers 2 to 64)."""
+    from edgehft.runtime.batching import MAX_BATCH
+    try:
+        sizes = [int(p) for p in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(not 2 <= n <= MAX_BATCH for n in sizes):
+        raise click.BadParameter(f"{text!r}: give batch sizes 2 to {MAX_BATCH}, comma-separated (e.g. 2,4,8)",
+                                 param_hint="--batch")
+    return sorted(set(sizes))
+
+
+def _bench_batch(bundle, ticks, run_features, sizes: list[int], runner_args) -> None:
+    """``bench --batch``: :meth:`runner.batching(sizes, windows) <edgehft.runtime.cpu.Runner.batching>` on the tick
+    windows (else the golden inputs), as a table or JSON."""
+    from edgehft.bench.fingerprint import machine_fingerprint
+    from edgehft.runtime.batching import batching_table
+    with open_runner(bundle, *runner_args) as r:
+        windows = list(np.ascontiguousarray(bundle_windows(r.bundle, ticks, run_features=run_features).x,
+                                            dtype=np.float32)) if ticks else None
+        rep = r.batching(sizes, windows)
+        report = {"bundle": str(r.bundle.path), "runner": r.describe(), "plan": _plan_of(r), "batching": rep,
+                  "fingerprint": machine_fingerprint()}
+    if runner_args[-1]:
+        click.echo(json.dumps(report))
+        return
+    if rep["sizes"]:
+        out.print(batching_table(rep, f"predict_many, µs per input — plan {report['plan']} on {r.board}"))
+    out.print(("predict_many never batches here: " + rep["why"]) if rep["why"] else rep["how"], highlight=False)
 
 
 def _bench_streaming(bundle, ticks, run_features, replay_kw: dict, plot, runner_args) -> None:

@@ -298,6 +298,26 @@ class Runner:
             self._entry.release()
         return outs[0] if len(outs) == 1 else outs
 
+    def predict_many(self, windows) -> list:
+        """Run several windows (e.g. one per instrument) now: one result per window, each equal to
+        ``predict(*window)`` (float32 ``(1, ...)``, a tuple for several outputs) but a fresh array, not a reused
+        buffer. ``windows``: a list of arrays (one-input model) or of tuples of arrays (one per input). Here
+        (every board whose runner does not batch) it calls ``predict`` once per window; the cpu board's runner
+        runs one batch where that is measured faster and bit-identical (:mod:`edgehft.runtime.batching`).
+
+        Raises:
+            InputError: ``windows`` is not a list. ShapeError, DTypeError, NonFiniteInputError: a bad window,
+                the message naming its index. RunnerStateError: as :meth:`predict`.
+        """
+        from edgehft.runtime.batching import as_calls, loop_calls
+        return loop_calls(self.predict, as_calls(windows))
+
+    def batching(self, sizes=None, windows=None) -> dict:
+        """How :meth:`predict_many` runs (the cpu runner's answer: :meth:`edgehft.runtime.batching.Batcher.report`).
+        Here: one by one at every size, nothing measured (``sizes``/``windows`` are ignored)."""
+        return {"batches": False, "why": f"board {self.board}'s runner runs one window per call: predict_many "
+                "calls predict once per window", "engine": None, "max_batch": 1, "how": None, "sizes": []}
+
     def describe(self) -> dict:
         """What this runner runs on: board, backend details, threads, affinity, emulated or not."""
         return {"board": self.board, "emulated": self.emulated, "threads": self.threads,
