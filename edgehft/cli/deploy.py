@@ -69,22 +69,33 @@ def _step_printer(quiet: bool):
                    "others are still timed and listed). Unknown: exit 3.")
 @click.option("--core", default=None, type=click.IntRange(min=0),
               help="CPU the plans are timed on, the one the box serves on (default: the board file's [runtime] "
-                   "core, else the box's highest allowed CPU).")
+                   "core, else the box's highest allowed CPU); the latency gate runs pinned there too.")
+@click.option("--budget-p99-us", type=click.FloatRange(min=0, min_open=True), default=None, metavar="US",
+              help="Latency gate: refuse the switch when p99 on the box is over US µs (default: the board file's "
+                   "[latency_budget_us] p99).")
+@click.option("--budget-p999-us", type=click.FloatRange(min=0, min_open=True), default=None, metavar="US",
+              help="Latency gate: the same for p99.9 (default: the board file's [latency_budget_us] p999).")
+@click.option("--no-latency-gate", "no_gate", is_flag=True,
+              help="Switch without timing the bundle on the box first (loud: a warning here and in the box's "
+                   "history).")
 @ssh_config_opt
 @python_opt
 @install_dir_opt
 @json_opt
 @handles_errors
 def deploy_cmd(bundle, board, host, hosts_file, parallel, keep, dry_run, force, emulate, select, plan, core,
-               ssh_config, remote_python, install_dir, as_json):
+               budget_p99_us, budget_p999_us, no_gate, ssh_config, remote_python, install_dir, as_json):
     """Install BUNDLE on a box: upload to a new version directory, verify SHA-256 and the golden vectors
     on the box, then switch atomically (the previous version stays for `edgehft rollback`). A bundle that
     carries several execution plans has each plan's golden vectors checked and the plans timed on the box,
-    which records the one it runs (`edgehft status` shows it and the alternatives' figures).
+    which records the one it runs (`edgehft status` shows it and the alternatives' figures). Before the
+    switch, the latency gate times the plan the box will serve there (golden inputs back to back, pinned as
+    --core says) and refuses the switch when p99 or p99.9 is over the budget.
 
     Exit codes: 0 deployed, 2 usage, 3 bad --host, inventory or --plan, 6 the local bundle does not match its
     manifest, 8 golden vectors differ on the box, 9 refused or failed (the box keeps its previous version;
-    with --hosts: any host failed), 10 unreachable (connection, authentication, unknown or changed host key)."""
+    also: the latency gate's p99 or p99.9 over budget; with --hosts: any host failed), 10 unreachable
+    (connection, authentication, unknown or changed host key)."""
     from edgehft.deploy.deploy import deploy_many
     from edgehft.deploy.inventory import read_inventory
     if bool(host) == bool(hosts_file):
@@ -101,6 +112,7 @@ def deploy_cmd(bundle, board, host, hosts_file, parallel, keep, dry_run, force, 
         boards.append(b)
     quiet = as_json or len(targets) > 1
     opts = dict(force=force, dry_run=dry_run, keep=keep, emulate=emulate, select=select, plan=plan, core=core,
+                latency_gate=not no_gate, budget_p99_us=budget_p99_us, budget_p999_us=budget_p999_us,
                 on_step=_step_printer(quiet))
     results = deploy_many(targets, bundle, boards, parallel=parallel, **opts)
     failed = [r for r in results if not r.ok]
@@ -133,6 +145,8 @@ def _print_results(results, dry_run: bool) -> None:
         serves = (r.active_after or "nothing (no version was active)") if r.box_reached else \
             "unknown (the box was not reached; `edgehft status --host` tells)"
         err.print(f"  the box serves: {printable(serves)}", highlight=False)
+        if gate_line(r.latency_gate):
+            err.print(f"  {gate_line(r.latency_gate)}", highlight=False)
         return
     dirs = len({r.install_dir for r in results}) > 1
     plans = any(r.plan_choice for r in results)
@@ -152,12 +166,31 @@ def _print_results(results, dry_run: bool) -> None:
                   f"{sum(r.seconds.values()):.1f}")
     out.print(t)
     for r in results:
+        if gate_line(r.latency_gate):
+            out.print(f"{printable(r.host)}: {gate_line(r.latency_gate)}", highlight=False)
+    for r in results:
         if r.plan_choice and len(results) == 1:
             out.print(plan_choice_table(r.plan_choice, f"plans timed on {printable(r.host)}"))
     for r in results:
         if not r.ok:
             err.print(f"[red]{printable(r.host)}[/] ({r.step}): {printable((r.error or '').removeprefix(r.host + ': '))}",
                       highlight=False)
+
+
+def gate_line(g: dict | None) -> str | None:
+    """The latency gate's verdict and figures on one line (``DeployResult.latency_gate``), or None when it did
+    not time anything (off, or a box without the gate: the warnings say so)."""
+    if not g or "p99_us" not in g:
+        return None
+    budget = g["budget_us"]
+    said = {"pass": "pass", "refused": "REFUSED", "not judged": "not judged"}[g["verdict"]]
+    parts = [f"p50 {g['p50_us']:.1f} µs"] + [
+        f"{pct} {g[pct + '_us']:.1f} µs" + (f" (budget {budget[key]:g})" if key in budget else "")
+        for pct, key in (("p99", "p99"), ("p99.9", "p999"))]
+    src = g["source"]
+    return (f"latency gate {said}: {', '.join(parts)}; {g['samples']} calls of plan {printable(str(g['plan']))} on "
+            f"{src['windows']} {src['kind']} inputs {src['timing']}, pinned to CPU {g['core']} (budget from "
+            f"{printable(g['budget_from'])})")
 
 
 def plan_choice_table(rec: dict, title: str) -> Table:

@@ -20,6 +20,12 @@ and exit status 1 (2: bad arguments). Commands:
                                  choose one (--forced, else the lowest --select percentile) and record it in
                                  plan/V.json (edgehft.runtime.plans); --meta {"excluded": {plan: why}} is kept
                                  in the record
+    latency --version V --board B [--plan P] [--core N] [--options JSON] [--emulate]
+                                 the deploy's latency gate: edgehft.hil.checks.latency on the staged V (plan P,
+                                 else its top level), this process pinned to core N (default: the highest
+                                 allowed one); --options: the check's keyword arguments (budget_p99, samples...)
+    latency --version V --skip WHY
+                                 the gate is off for V (--no-latency-gate): log WHY in history.jsonl, time nothing
     activate --version V [--keep K] [--held] [--expect-active V|none]
                                  re-verify, move to versions/, atomic switch of previous and current
     rollback [--to V]            switch back (to the previous version by default)
@@ -41,8 +47,8 @@ Idle timeout: ``receive`` and ``hold`` give up when no byte arrives on stdin for
 (default ``$EDGEHFT_IDLE_TIMEOUT``, else 30): over a stalled link the agent removes its partial transfer,
 exits and frees the box, instead of blocking until TCP gives up.
 
-Crash isolation: ``golden``, ``plans`` and ``hil`` open the bundle's model with the board's runtime, which can crash
-the interpreter (e.g. SIGSEGV in native code). They run in a child process (the same command with
+Crash isolation: ``golden``, ``plans``, ``latency`` and ``hil`` open the bundle's model with the board's runtime,
+which can crash the interpreter (e.g. SIGSEGV in native code). They run in a child process (the same command with
 ``--in-child``, core dumps off); the agent survives the child's death and answers with a DeployError (exit
 9) that names the step and the signal, e.g. "golden crashed on the box: ... killed by SIGSEGV (signal 11)".
 
@@ -64,8 +70,9 @@ from pathlib import Path
 
 from edgehft.errors import DeployError, EdgeHFTError
 
-ISOLATED = ("golden", "plans", "hil")        # commands that run the bundle's model: in a child process
+ISOLATED = ("golden", "plans", "latency", "hil")        # commands that run the bundle's model: in a child process
 PLAN_CHOICE = 1         # the plan-choice protocol this agent speaks (golden --plans, plans), said in the probe
+LATENCY_GATE = 1        # the latency-gate protocol this agent speaks (latency, latency --skip), said in the probe
 
 
 class HangUp(Exception):
@@ -134,6 +141,38 @@ def _time_plans(store, args) -> dict:
     return {"measured": figures, "pinned_cpu": figures.pop("_core"), "rounds": args.rounds, "windows": len(windows)}
 
 
+def _latency_gate(store, args) -> dict:
+    """The deploy's latency gate on staged version ``args.version``: :func:`edgehft.hil.checks.latency` (the
+    HIL check: the bundle's golden inputs back to back, p50/p99/p99.9 of ``predict`` in µs, held to the board
+    file's ``[latency_budget_us]`` or the budgets in ``--options``) on plan ``args.plan`` (None: the top level),
+    opened in this process pinned to ``args.core`` (default: the highest CPU this process may run on).
+
+    Returns:
+        the check's result dict plus ``"pinned_cpu"`` (int), ``"plan"`` (the plan timed) and ``"version"``;
+        ``ok`` False: over budget, None: not judged (emulated without a given budget, or no budget).
+    Raises:
+        InputError: ``args.core`` is not a CPU this process may run on; an unknown or bad option.
+        EdgeHFTError: the staged copy is missing; the bundle or runtime cannot be opened.
+    """
+    from edgehft import runtime
+    from edgehft.deploy.store import failpoint
+    from edgehft.errors import InputError
+    from edgehft.hil import checks
+    path = store.staged(args.version)
+    opts = _hil_options(checks.latency, "latency", args.options)
+    allowed = os.sched_getaffinity(0)
+    core = max(allowed) if args.core is None else args.core
+    if core not in allowed:
+        raise InputError(f"latency gate: core {core} is not one this process may run on (allowed: {sorted(allowed)})",
+                         hint="pin to a core the box serves on (--core, or the board file's [runtime] core)")
+    emulate = {"emulate": True} if args.emulate else {}
+    with runtime.open(path, args.board, plan=args.plan, affinity=[core], **emulate) as r:
+        res = checks.latency(r, **opts)
+        plan = r.plan
+    failpoint("latency:before-result")
+    return {**res, "pinned_cpu": core, "plan": plan, "version": args.version}
+
+
 HIL_CHECKS = ("golden", "latency", "streaming", "soak")
 
 
@@ -186,11 +225,23 @@ def _hil(store, args) -> dict:
         return fn(r, **opts)
 
 
+def _gate_off(store, args) -> dict:
+    """``latency --skip WHY``: the deploy of staged ``args.version`` switches without the latency gate; log
+    it in ``history.jsonl`` (event ``latency-gate-off``). Returns ``{"version", "logged", "warnings"}``.
+
+    Raises:
+        DeployError: ``args.version`` is not staged.
+    """
+    vid = store.staged(args.version).name
+    why = store.record("latency-gate-off", version=vid, reason=args.skip)
+    return {"version": vid, "logged": why is None, "warnings": [why] if why else []}
+
+
 def _abandon(store, args, reason: str) -> None:
     """The deploy that staged ``args.version`` is gone (killed, connection dropped) during hold, receive,
     verify or golden: it will never switch to that version, so remove it now instead of leaving it to the
     next deploy."""
-    if args.command in ("hold", "receive", "verify", "golden", "plans") and args.version:
+    if args.command in ("hold", "receive", "verify", "golden", "plans", "latency") and args.version:
         if args.command == "hold" and not (store.incoming / args.version).is_dir():
             return                  # nothing staged yet: nothing to log either
         try:
@@ -291,8 +342,8 @@ def _no_core_dumps() -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m edgehft.deploy.agent")
-    p.add_argument("command", choices=["probe", "hold", "receive", "verify", "golden", "plans", "activate",
-                                       "rollback", "discard", "status", "hil"])
+    p.add_argument("command", choices=["probe", "hold", "receive", "verify", "golden", "plans", "latency",
+                                       "activate", "rollback", "discard", "status", "hil"])
     p.add_argument("check", nargs="?")
     p.add_argument("--root", required=True)
     p.add_argument("--version")
@@ -311,7 +362,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plans", help="golden/plans: the bundle's plans to check or time, comma-separated")
     p.add_argument("--select", default="p99", help="plans: the percentile the plan is chosen by (p50, p99, p99.9)")
     p.add_argument("--forced", help="plans: record this plan whatever the timing says")
-    p.add_argument("--core", type=int, help="plans: the CPU to time on (default: the highest one allowed)")
+    p.add_argument("--core", type=int, help="plans/latency: the CPU to time on (default: the highest one allowed)")
+    p.add_argument("--plan", help="latency: the plan of the bundle to time (default: its top level)")
+    p.add_argument("--skip", help="latency: the gate is off; log this reason in history.jsonl and time nothing")
     p.add_argument("--rounds", type=int, default=300, help="plans: timed calls per plan")
     p.add_argument("--in-child", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -322,7 +375,8 @@ def _run(store, args):
     from edgehft.deploy.store import ANY, IdleStream, idle_timeout
     if args.command == "probe":
         from edgehft.deploy.probe import probe_box
-        return {"facts": {**probe_box(), "plan_choice": PLAN_CHOICE}, "status": store.status()}
+        return {"facts": {**probe_box(), "plan_choice": PLAN_CHOICE, "latency_gate": LATENCY_GATE},
+                "status": store.status()}
     if args.command == "hold":
         return _hold(store, args)
     if args.command == "receive":
@@ -334,6 +388,8 @@ def _run(store, args):
         return _golden(store, args)
     if args.command == "plans":
         return _time_plans(store, args)
+    if args.command == "latency":
+        return _gate_off(store, args) if args.skip is not None else _latency_gate(store, args)
     if args.command == "activate":
         expect = ANY if args.expect_active is None else (None if args.expect_active == "none" else args.expect_active)
         return store.activate(args.version, keep=args.keep, expect=expect, held=args.held)
@@ -355,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     store = Store(args.root)
     try:
-        if args.command in ISOLATED and not args.in_child:
+        logs_only = args.command == "latency" and args.skip is not None       # the gate off: nothing runs the model
+        if args.command in ISOLATED and not args.in_child and not logs_only:
             answer = _isolated(args, argv)
             if "error" in answer:
                 emit(answer)

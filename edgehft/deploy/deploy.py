@@ -3,10 +3,10 @@
 Steps, each its own ``ssh`` call (so a failure names its step): ``probe`` (is the box that board; what
 does it run) → ``hold`` (this deploy holds the box, see below) → ``upload`` (tar of the manifest's files into
 ``incoming/<vid>``) → ``verify`` (SHA-256 on the box) → ``golden`` (the bundle's golden vectors on the box's
-runtime: exact for int8 backends, the stated tolerance for float ones) → ``switch`` (re-verify, atomic
-``previous`` and ``current`` swap, older versions kept). Until ``switch`` succeeds the box serves what it
-served before; a staged version that fails a check is removed and the failure is logged in the box's
-``history.jsonl``.
+runtime: exact for int8 backends, the stated tolerance for float ones) → ``latency`` (the gate, below) →
+``switch`` (re-verify, atomic ``previous`` and ``current`` swap, older versions kept). Until ``switch``
+succeeds the box serves what it served before; a staged version that fails a check is removed and the failure
+is logged in the box's ``history.jsonl``.
 
 A bundle that carries several execution plans (``compile --quant auto``: the manifest's ``plans``) is chosen
 for on the box: ``golden`` runs every plan's golden vectors there (``golden --plans``; a plan the box cannot
@@ -17,6 +17,18 @@ lowest ``select`` percentile (or the forced plan) and records it in ``plan/<vid>
 figures (:mod:`edgehft.runtime.plans`) before the switch, so a serving process opening ``current`` runs it
 from the first moment. A box whose edgehft predates plan choice (its probe does not say ``plan_choice``)
 runs the bundle's top level, the compile host's choice, as it always did, with a warning.
+
+The **latency gate** (step ``latency``, agent ``latency``): before the switch the box runs the HIL latency check
+(:func:`edgehft.hil.checks.latency`) on the staged version in a process of its own, pinned to ``core`` (as the
+``plan`` step: the board file's ``[runtime] core``, else the box's highest allowed CPU), on the plan it will
+serve (the one ``plan`` recorded, else the top level): the bundle's golden inputs back to back (they carry no
+tick times), ``gate_samples`` timed calls after ``gate_warmup``. p99 or p99.9 over the budget (the board file's
+``[latency_budget_us]`` on the box, each replaced by ``budget_p99_us`` / ``budget_p999_us``) is exit 9: nothing
+is switched, the staged copy is removed and the refusal logged in ``history.jsonl`` like any failed check. Not
+judged (an emulated run without a budget given, a board without a budget) switches with a warning.
+``latency_gate=False`` (``--no-latency-gate``) switches untimed, with a warning in the result and a
+``latency-gate-off`` line in the box's history; a box whose agent predates the gate (its probe does not say
+``latency_gate``) switches untimed with a warning. ``DeployResult.latency_gate`` holds the figures.
 
 One deploy at a time per box (design): a deploy is several ssh calls, so no single box process spans it.
 Two mechanisms, both on the box:
@@ -64,11 +76,13 @@ from edgehft.boards import load_board
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
 from edgehft.deploy.probe import board_mismatches
 from edgehft.deploy.ssh import AgentSession, SshTarget, run_agent
-from edgehft.errors import DeployError, EdgeHFTError, GoldenMismatchError, RemoteError
+from edgehft.errors import DeployError, EdgeHFTError, GoldenMismatchError, InputError, RemoteError
 from edgehft.runtime.plans import DEFAULT_SELECT, check_select
 from edgehft.signing import SIGNATURE
 
-STEPS = ("probe", "hold", "upload", "verify", "golden", "plan", "switch")    # "plan": bundles with several plans
+STEPS = ("probe", "hold", "upload", "verify", "golden", "plan", "latency", "switch")  # "plan": several-plan bundles
+GATE_SAMPLES = 2000     # the latency gate's timed calls (edgehft.hil.checks.SAMPLES)
+GATE_WARMUP = 100       # and untimed calls before them
 
 
 @dataclass
@@ -93,6 +107,7 @@ class DeployResult:
     plan: list[str] | None = None      # --dry-run: what would happen
     warnings: list[str] = field(default_factory=list)    # e.g. the switch could not be logged on the box
     plan_choice: dict | None = None    # the box's record of the execution plan it chose (several-plan bundles)
+    latency_gate: dict | None = None   # the latency gate's verdict and figures (see _gate_summary)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -211,7 +226,9 @@ class _Steps:
 
 def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, *, force: bool = False,
            dry_run: bool = False, keep: int = 3, emulate: bool = False, select: str = DEFAULT_SELECT,
-           plan: str | None = None, core: int | None = None, plan_rounds: int = 300,
+           plan: str | None = None, core: int | None = None, plan_rounds: int = 300, latency_gate: bool = True,
+           budget_p99_us: float | None = None, budget_p999_us: float | None = None,
+           gate_samples: int = GATE_SAMPLES, gate_warmup: int = GATE_WARMUP,
            on_step: Callable[[str, SshTarget, dict], None] | None = None) -> DeployResult:
     """Deploy the bundle at ``bundle_dir`` to ``target``; never raises for a per-host failure.
 
@@ -224,14 +241,20 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         select: a bundle with several execution plans: the percentile (p50, p99, p99.9) the box chooses by.
         plan: force this execution plan (its golden vectors are still checked; the others still timed).
         core: the CPU the plans are timed on (default: the board file's ``[runtime] core``, else the box's
-            highest allowed one); ``plan_rounds``: timed calls per plan.
+            highest allowed one); ``plan_rounds``: timed calls per plan. The latency gate runs pinned there too.
+        latency_gate: hold the box's p99 / p99.9 of ``predict`` (µs) to the budget before the switch (module
+            docstring); False: switch untimed, with a warning here and in the box's history.
+        budget_p99_us, budget_p999_us: the gate's budget (µs, > 0), each replacing the board file's.
+        gate_samples, gate_warmup: the gate's timed calls (>= 1) and untimed calls before them (>= 0).
         on_step: called before each step with (step, target, context) — progress display and fault tests.
     Returns:
         :class:`DeployResult`; ``exit_code`` 9 refused/failed (box unchanged; also: held by another deploy,
         switched since the probe, the agent killed by a signal), 10 unreachable or the link stalled, 8
         golden vectors not reproduced on the box (nothing switched), 6 the local bundle is broken, 3 an
-        unknown ``plan`` or ``select``. ``warnings``: e.g. the switch happened but could not be logged on the
-        box (pruning skipped), a plan left out on the box. ``plan_choice``: the box's plan record.
+        unknown ``plan`` or ``select`` or a bad gate budget or sample count; 9 also when the latency gate
+        refuses (p99 or p99.9 over budget). ``warnings``: e.g. the switch happened but could not be logged on
+        the box (pruning skipped), a plan left out on the box, the gate off or not judged. ``plan_choice``: the
+        box's plan record; ``latency_gate``: the gate's verdict and figures.
     """
     res = DeployResult(host=target.label, board=board or "?", install_dir=target.install_dir)
     ctx: dict = {}
@@ -240,6 +263,7 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         b = load_bundle(bundle_dir, verify=True)
         b.require_golden()           # none (compile could not make them): refused before the box is touched
         check_select(select)
+        ctx["gate"] = _gate_options(latency_gate, budget_p99_us, budget_p999_us, gate_samples, gate_warmup)
         if plan is not None:
             b.plan(plan)             # an unknown plan: exit 3, naming the bundle's plans
         res.board = name = board or b.manifest.board
@@ -262,7 +286,8 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         ctx["choice"] = {"select": select, "forced": plan, "core": core, "rounds": plan_rounds}
         if dry_run:
             res.ok = True
-            res.plan = _dry_run_lines(b, target, vid, files, nbytes, status, keep, ctx["choice"] if choosing else None)
+            res.plan = _dry_run_lines(b, target, vid, files, nbytes, status, keep, ctx["choice"] if choosing else None,
+                                      _dry_run_gate(ctx, spec))
             return res
         meta = {"bundle_sha256": bundle_sha, "board": name, "model_file": b.manifest.model_file,
                 "model_sha256": b.manifest.files.get(b.manifest.model_file), "compiled_utc": b.manifest.created_utc,
@@ -279,8 +304,9 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
 
 
 def _dry_run_lines(b, target: SshTarget, vid: str, files: list, nbytes: int, status: dict, keep: int,
-                   choice: dict | None) -> list[str]:
-    """What a deploy would do, one line per step (``choice``: the plan choice on the box, or None)."""
+                   choice: dict | None, gate: str) -> list[str]:
+    """What a deploy would do, one line per step (``choice``: the plan choice on the box, or None; ``gate``:
+    the latency gate's line)."""
     g = b.manifest.golden
     lines = [f"upload {len(files)} files ({nbytes:,} B) to {target.install_dir}/incoming/{vid}",
              "verify SHA-256 of every file on the box",
@@ -290,8 +316,41 @@ def _dry_run_lines(b, target: SshTarget, vid: str, files: list, nbytes: int, sta
         core = choice["core"] if choice["core"] is not None else "(its highest allowed)"
         lines.append(f"time the plans {', '.join(b.plan_names())} on the box, pinned to CPU {core}, and record "
                      + (f"{choice['forced']} (forced)" if choice["forced"] else f"the lowest {choice['select']}"))
-    return lines + [f"switch {target.install_dir}/current from {status.get('active') or 'nothing'} to {vid}",
+    return lines + [gate, f"switch {target.install_dir}/current from {status.get('active') or 'nothing'} to {vid}",
                     f"keep {keep} versions"]
+
+
+def _gate_options(on: bool, p99: float | None, p999: float | None, samples: int, warmup: int) -> dict:
+    """The latency gate's settings for ``ctx["gate"]``: ``{"on", "options"}`` (``options``: the keyword
+    arguments of :func:`edgehft.hil.checks.latency` sent to the box; budgets in µs).
+
+    Raises:
+        InputError: a budget that is not > 0, ``samples`` < 1 or ``warmup`` < 0.
+    """
+    bad = [f"{k} {v!r}" for k, v in (("budget p99", p99), ("budget p99.9", p999)) if v is not None and not v > 0]
+    bad += [f"gate samples {samples}"] if samples < 1 else []
+    bad += [f"gate warmup {warmup}"] if warmup < 0 else []
+    if bad:
+        raise InputError(f"latency gate: {', '.join(bad)}",
+                         hint="budgets are µs > 0 (--budget-p99-us, --budget-p999-us), samples >= 1, warmup >= 0")
+    opts = {"samples": samples, "warmup": warmup}
+    opts.update({k: float(v) for k, v in (("budget_p99", p99), ("budget_p999", p999)) if v is not None})
+    return {"on": bool(on), "options": opts}
+
+
+def _dry_run_gate(ctx: dict, spec) -> str:
+    """The dry run's line for the latency gate (the budget as this host's board file and the options say)."""
+    gate, facts = ctx["gate"], ctx["facts"]
+    if not gate["on"]:
+        return "switch WITHOUT the latency gate (--no-latency-gate)"
+    if not facts.get("latency_gate"):
+        return "switch without the latency gate: the box's edgehft predates it"
+    o, board = gate["options"], spec.latency_budget_us
+    budget = {k: o.get(f"budget_{k}", board.get(k)) for k in ("p99", "p999")}
+    said = ", ".join(f"{'p99.9' if k == 'p999' else k} {v:g} µs" for k, v in budget.items() if v is not None)
+    core = ctx["choice"]["core"] if ctx["choice"]["core"] is not None else "(its highest allowed)"
+    return (f"time {o['samples']} calls on the golden inputs on the box, pinned to CPU {core}, and refuse the switch "
+            f"if over {said or 'the budget (none: not judged)'}")
 
 
 def _probe(steps: _Steps, b, spec, force: bool, res: DeployResult, plan: str | None = None) -> dict:
@@ -349,6 +408,7 @@ def _install(steps: _Steps, b, files: list[str], vid: str, meta: dict, expect: s
                                       f"{g['path']}; expected {g['expected_path']})",
                                       hint="the box's runtime does not compute what the bundle was "
                                            "compiled to compute; nothing was switched")
+        _latency_step(steps, b, vid, emulate)
         switched = steps.run("switch", "activate", "--version", vid, "--keep", str(keep), "--held",
                              "--expect-active", expect or "none")
     except EdgeHFTError as exc:
@@ -387,6 +447,66 @@ def _choose_plan(steps: _Steps, b, vid: str, golden_args: list[str]) -> None:
     args += (["--forced", forced] if forced else []) + (["--core", str(c["core"])] if c["core"] is not None else [])
     res.plan_choice = rec = steps.run("plan", "plans", *args, timeout=600 + 2 * c["rounds"])
     res.golden = {**per[rec["plan"]], "plan": rec["plan"], "plans": per}
+
+
+def _latency_step(steps: _Steps, b, vid: str, emulate: bool) -> None:
+    """The ``latency`` step: the gate on the box (module docstring), or the warning why it did not run; sets
+    ``res.latency_gate`` (:func:`_gate_summary`).
+
+    Raises:
+        DeployError: p99 or p99.9 over budget on the box (exit 9; the caller discards the staged copy), or the
+            gate could not run there.
+    """
+    res, gate, facts = steps.res, steps.ctx["gate"], steps.ctx["facts"]
+    if not facts.get("latency_gate"):       # read now: fault tests may edit the facts after the probe
+        version = facts.get("packages", {}).get("edgehft", "?")
+        res.latency_gate = {"verdict": "unsupported"}
+        res.warnings.append(f"the box's edgehft {version} has no latency gate: switched without timing the bundle "
+                            "there" + (" (--no-latency-gate)" if not gate["on"] else "; upgrade edgehft on the box"))
+        return
+    if not gate["on"]:
+        why = "--no-latency-gate: switched WITHOUT the latency gate; p99 and p99.9 were not held to the budget"
+        res.latency_gate = {"verdict": "off"}
+        res.warnings.append(why)
+        res.warnings += steps.run("latency", "latency", "--version", vid, "--skip", why).get("warnings") or []
+        return
+    c = steps.ctx["choice"]
+    chosen = (res.plan_choice or {}).get("plan")
+    args = ["--version", vid, "--board", b.manifest.board, "--options", json.dumps(gate["options"])]
+    args += (["--plan", chosen] if chosen else []) + (["--core", str(c["core"])] if c["core"] is not None else [])
+    r = steps.run("latency", "latency", *args, *(["--emulate"] if emulate else []))
+    res.latency_gate = g = _gate_summary(r)
+    if g["verdict"] == "refused":
+        over = "; ".join(f"{'p99.9' if k == 'p999' else k} {v['value_us']:.1f} µs over the budget "
+                         f"{v['budget_us']:g} µs" for k, v in r["verdicts"].items() if not v["ok"])
+        raise DeployError(f"latency gate: {over} on the box ({_gate_said(g)}); nothing was switched",
+                          hint="the box keeps serving its previous version; deploy a faster plan, give a budget "
+                               "that fits (--budget-p99-us / --budget-p999-us, or the board file's "
+                               "[latency_budget_us]), or switch anyway with --no-latency-gate")
+    if g["verdict"] == "not judged":
+        res.warnings.append(f"latency gate not judged: {r['not_judged']} ({_gate_said(g)})")
+
+
+def _gate_summary(r: dict) -> dict:
+    """The gate's figures from the box's latency check result ``r``: ``{"verdict" (pass | refused | not
+    judged), "p50_us", "p99_us", "p99.9_us", "max_us", "samples", "warmup", "mode", "core", "plan",
+    "budget_us" {p99, p999}, "budget_from", "verdicts", "not_judged", "source" (kind, windows, timing),
+    "emulated"}`` (µs)."""
+    lat = r["latency_us"]
+    verdict = "not judged" if r["ok"] is None else "pass" if r["ok"] else "refused"
+    return {"verdict": verdict, "p50_us": lat["p50"], "p99_us": lat["p99"], "p99.9_us": lat["p99.9"],
+            "max_us": lat["max"], "samples": r["samples"], "warmup": r["warmup"], "mode": r["mode"],
+            "core": r["pinned_cpu"], "plan": r["plan"], "budget_us": r["budget_us"], "budget_from": r["budget_from"],
+            "verdicts": r["verdicts"], "not_judged": r["not_judged"],
+            "source": {k: r["source"][k] for k in ("kind", "windows", "timing")}, "emulated": r["emulated"]}
+
+
+def _gate_said(g: dict) -> str:
+    """How the gate timed: ``"p50 … / p99 … / p99.9 … µs, 2000 calls of plan int8 on 16 golden inputs back to
+    back, CPU 1"``."""
+    src = g["source"]
+    return (f"p50 {g['p50_us']:.1f} / p99 {g['p99_us']:.1f} / p99.9 {g['p99.9_us']:.1f} µs, {g['samples']} calls "
+            f"of plan {g['plan']} on {src['windows']} {src['kind']} inputs {src['timing']}, CPU {g['core']}")
 
 
 def _discard(target: SshTarget, vid: str, reason: str) -> None:
