@@ -26,6 +26,14 @@ server does not run:
    after the swap (the caller's own p99 over the ``breach_calls`` calls after it above the budget) swap back at
    once. The one before is closed ``grace_s`` seconds later.
 
+**Stream mode** (``serve(install_dir, stream=True)``, a bundle whose plan streams: ``runner.stream()``):
+``push(row)`` / ``prepare()`` run the active version's stream; the shadow run feeds the candidate's stream the
+live rows and compares its outputs with the active version's as pushed; a swap or rollback is handed to the
+caller's next ``push``, which first gives the new stream the few rows it has not seen, so every stream's window
+is right and every output equals ``predict`` of its window across swaps (:mod:`edgehft.serving.streams`). After
+the first swap each push also logs a copy of its row and output (the previous version's stream is kept current
+from that log for an instant rollback).
+
 Every step is an event (``{"event", "version", "time_utc", ...figures}``: ``serving``, ``loaded``, ``shadow``,
 ``swapped``, ``refused``, ``rolled_back``, ``breach``, ``error``), kept in :attr:`Server.events`, logged on the
 ``edgehft.serving`` logger, appended to ``events_path`` (JSON lines) when given and passed to ``on_event``.
@@ -81,7 +89,7 @@ class _Version:
         from edgehft import runtime
         self.vid, self.path = vid, root / "versions" / vid
         self.runner = runtime.open(self.path, **open_kw)
-        self.reference = None
+        self.reference = self.stream = None
         self.open_kw = open_kw
 
     def reference_runner(self):
@@ -91,7 +99,7 @@ class _Version:
         return self.reference
 
     def close(self) -> None:
-        for r in (self.runner, self.reference):
+        for r in (self.stream, self.runner, self.reference):
             if r is not None:
                 r.close()
 
@@ -114,7 +122,8 @@ class Server:
 
     def __init__(self, install_dir, *, policy: ShadowPolicy | None = None, on_event=None, events_path=None,
                  require_signature=None, threads: int = 1, watch: str = "auto", poll_s: float = 0.2,
-                 shadow_core: int | None = None, switch_interval_s: float | None = 1e-4, grace_s: float = 2.0):
+                 shadow_core: int | None = None, switch_interval_s: float | None = 1e-4, grace_s: float = 2.0,
+                 stream: bool = False):
         self.root = Path(install_dir)
         self.policy = policy or ShadowPolicy()
         self.on_event, self.events_path, self.grace_s = on_event, events_path, float(grace_s)
@@ -129,6 +138,9 @@ class Server:
         self._active, self._previous = _Version(self.root, vid, self._open_kw), None
         self._tap = self._breach = None        # the shadow run's input queue; the caller's latencies after a swap
         self._refused, self._last_seen, self._retired = set(), vid, []
+        self._lane = self._prev_feed = self._rollback_req = None
+        if stream:
+            self._open_lane()
         if switch_interval_s:
             sys.setswitchinterval(float(switch_interval_s))
         self._emit("serving", vid, plan=getattr(self._active.runner, "plan", None))
@@ -153,6 +165,31 @@ class Server:
             tap.append(tuple(np.array(w, copy=True) for w in windows))
         return y
 
+    def push(self, row):
+        """Stream mode (``stream=True``): the window's newest row into the active version's stream; its output
+        (or None while warming up) and its errors, as ``runner.stream().push`` (:mod:`edgehft.serving.streams`).
+        Raises InputError when the server was opened without ``stream=True``."""
+        if self._lane is None:
+            raise InputError("push() needs a server opened with stream=True",
+                             hint="edgehft.serve(install_dir, stream=True), for a bundle whose plan streams")
+        return self._lane.push(row)
+
+    def prepare(self) -> bool:
+        """Stream mode: the active stream's ahead-of-tick work (call it between ticks, from the pushing thread)."""
+        if self._lane is None:
+            raise InputError("prepare() needs a server opened with stream=True")
+        return self._lane.stream.prepare()
+
+    def _open_lane(self) -> None:
+        from edgehft.serving.streams import StreamLane
+        try:
+            self._active.stream = self._active.runner.stream()
+        except BaseException:
+            self._active.close()
+            raise
+        self._lane = StreamLane(self._active.stream)
+        self.push = self._lane.push           # the hot path: no extra call layer
+
     # --- what the caller can ask ----------------------------------------------------------------------------
     @property
     def active(self) -> str:
@@ -171,6 +208,9 @@ class Server:
             if self._previous is None:
                 raise InputError("nothing to roll back to: no version was swapped out yet",
                                  hint="a rollback follows a swap (server.previous names the warm version)")
+            if self._lane is not None:          # stream mode: the manager hands the previous stream over
+                self._rollback_req = why
+                return self._previous.vid
             out = self._active
             self._active, self._previous = self._previous, out
             self._breach = None
@@ -222,12 +262,59 @@ class Server:
                 self._emit("error", None, what=f"cannot pin the manager to core {self.shadow_core}: {exc}")
         while not self._stop.is_set():
             try:
+                self._stream_tick()
                 self._check_current()
                 self._check_breach()
                 self._close_retired()
             except Exception as exc:         # the server keeps serving what it serves
                 self._emit("error", None, what=f"{type(exc).__name__}: {exc}")
             self._watch.wait()
+
+    def _stream_tick(self) -> None:
+        """Stream mode: take back the streams the caller replaced (the previous version's, fed from now on), serve
+        a rollback asked for, and feed the previous version's stream the rows it lacks."""
+        lane = self._lane
+        if lane is None:
+            return
+        from edgehft.serving.streams import Feed
+        for version, stream, seq in lane.taken_back():
+            if self._previous is version:
+                self._set_prev_feed(Feed(version, stream, seq, compare=False))
+        req, self._rollback_req = self._rollback_req, None
+        if req is not None and not self._swap_back(req, refuse_out=True):
+            self._rollback_req = req                       # the swap before is not taken by the caller yet
+        lane.feed()                                        # (also trims the log)
+
+    def _set_prev_feed(self, feed) -> None:
+        """The previous version's stream the manager keeps current (None: none)."""
+        lane = self._lane
+        if self._prev_feed is not None and self._prev_feed in lane.feeds:
+            lane.feeds.remove(self._prev_feed)
+        self._prev_feed = feed
+        if feed is not None:
+            lane.feeds.append(feed)
+
+    def _stream_shadow(self, cand: _Version):
+        """Stream mode's shadow run: the candidate's stream fed the logged rows; its outputs against the active
+        version's (as pushed), its push latency; at least ``min_calls`` compared ticks, else refused."""
+        from edgehft.serving.streams import Feed
+        pol, lane = self.policy, self._lane
+        lane.start_log()
+        cand.stream = cand.runner.stream()
+        feed = Feed(cand, cand.stream, lane.log.next_seq, compare=True)
+        lane.feeds.append(feed)
+        deadline = time.monotonic() + pol.seconds
+        try:
+            while len(feed.pairs) < pol.calls and time.monotonic() < deadline and not self._stop.is_set():
+                self._stream_tick()
+                time.sleep(0.0005)
+        finally:
+            lane.feeds.remove(feed)
+        if len(feed.pairs) < pol.min_calls:
+            return {"ok": False, "why": [f"{len(feed.pairs)} compared ticks in {pol.seconds:g} s, fewer than "
+                                         f"min_calls {pol.min_calls}: too few to judge"],
+                    "live_calls": len(feed.pairs), "golden_calls": 0}, feed
+        return self._verdict(cand, feed.pairs, feed.lat, len(feed.pairs)), feed
 
     def _check_current(self) -> None:
         vid = current_version(self.root)
@@ -237,12 +324,28 @@ class Server:
         if vid is None or vid == self._active.vid or vid in self._refused:
             return
         if self._previous is not None and vid == self._previous.vid:
-            with self._lock:
-                out = self._active
-                self._active, self._previous, self._breach = self._previous, out, None
-            self._emit("rolled_back", vid, from_version=out.vid, why="the box's current link went back to it")
+            self._swap_back("the box's current link went back to it")
             return
         self._try(vid)
+
+    def _swap_back(self, why: str, refuse_out: bool = False) -> bool:
+        """The manager's swap back to the previous version (stream mode: its stream handed over to the caller's
+        next push). False when there is none yet (stream mode: the last swap's stream not taken yet)."""
+        if self._lane is not None and self._prev_feed is None:
+            return False                      # the caller has not taken the last swap's stream yet: next round
+        with self._lock:
+            if self._previous is None:
+                return False
+            out = self._active
+            self._active, self._previous, self._breach = self._previous, out, None
+            if refuse_out:
+                self._refused.add(out.vid)
+        if self._lane is not None:
+            f = self._prev_feed
+            self._set_prev_feed(None)
+            self._lane.hand_over(f.stream, f.seq, out)
+        self._emit("rolled_back", self._active.vid, from_version=out.vid, why=why)
+        return True
 
     def _try(self, vid: str) -> None:
         """Load, check, shadow-run and swap in (or refuse) version ``vid``."""
@@ -262,10 +365,14 @@ class Server:
             self._prewarm(cand)
             self._emit("loaded", vid, open_s=round(time.monotonic() - t0, 3), golden=f"{g['matched']}/{g['count']}",
                        plan=getattr(cand.runner, "plan", None))
-            verdict = self._shadow(cand)
+            feed = None
+            if self._lane is not None:
+                verdict, feed = self._stream_shadow(cand)
+            else:
+                verdict = self._shadow(cand)
             self._emit("shadow", vid, **verdict)
             if verdict["ok"]:
-                self._swap_in(cand, verdict)
+                self._swap_in(cand, verdict, feed)
             else:
                 self._refuse(vid, "; ".join(verdict["why"]), cand)
         except Exception as exc:
@@ -356,11 +463,14 @@ class Server:
                 "rel_mae": max(o.mae_rel for o in drift.outputs), "max_abs": max(o.max_abs for o in drift.outputs),
                 "latency_us": lat_us, **judged}
 
-    def _swap_in(self, cand: _Version, verdict: dict) -> None:
+    def _swap_in(self, cand: _Version, verdict: dict, feed=None) -> None:
         with self._lock:
             retired, out = self._previous, self._active
             self._previous, self._active = out, cand          # the swap: predict's next call runs cand
             self._breach = collections.deque(maxlen=self.policy.breach_calls)
+        if feed is not None:                                  # push's next call takes cand's stream
+            self._set_prev_feed(None)                         # (the retired version's stream: no longer fed)
+            self._lane.hand_over(feed.stream, feed.seq, out)
         if retired is not None:
             self._retired.append((retired, time.monotonic() + self.grace_s))
         self._emit("swapped", cand.vid, from_version=out.vid, live_calls=verdict["live_calls"],
@@ -380,7 +490,7 @@ class Server:
         over = [k for k, v in judged["verdicts"].items() if not v["ok"]]
         if over and self._previous is not None:
             self._emit("breach", self._active.vid, latency_us=lat, over=over, budget_us=judged["budget_us"])
-            self.rollback(why=f"breach after the swap: {', '.join(over)} over the budget")
+            self._swap_back(f"breach after the swap: {', '.join(over)} over the budget", refuse_out=True)
 
     def _close_retired(self) -> None:
         now, keep = time.monotonic(), []
