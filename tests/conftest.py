@@ -173,3 +173,33 @@ def ssh_box(tmp_path_factory):
     box = LoopbackBox(tmp_path_factory.mktemp("sshbox")).start()
     yield box
     box.stop()
+
+# The deploy tests' latency gate (edgehft.deploy.deploy, step ``latency``) runs in every deploy, but only
+# tests/deploy/test_deploy_latency_gate.py judges it. In the other tests under tests/deploy/ a deploy whose budget
+# is not given gets one every run meets (1e9 µs) and 200 timed calls: a loaded 2-core CI host cannot promise the
+# board's budget (DeepLOB int8 measured p99 11.5 ms at load 4 against 5 ms), and 2000 DeepLOB calls per deploy
+# would cost minutes.
+TEST_GATE = {"budget_p99_us": 1e9, "budget_p999_us": 1e9, "gate_samples": 200, "gate_warmup": 20}
+
+
+@pytest.fixture(autouse=True)
+def lenient_latency_gate(request, monkeypatch):
+    path = Path(str(request.node.fspath))
+    if path.parent.name != "deploy" or path.name == "test_deploy_latency_gate.py":
+        yield
+        return
+    import functools
+    import edgehft.deploy.deploy as deploy_module
+    original = deploy_module.deploy
+
+    @functools.wraps(original)
+    def deploy(*args, **kw):
+        for key, value in TEST_GATE.items():
+            if kw.get(key) is None:
+                kw[key] = value
+        return original(*args, **kw)
+
+    monkeypatch.setattr(deploy_module, "deploy", deploy)
+    if getattr(request.module, "deploy", None) is original:
+        monkeypatch.setattr(request.module, "deploy", deploy)
+    yield

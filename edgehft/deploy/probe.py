@@ -32,7 +32,7 @@ from edgehft.deploy.probe_rules.jetson import parse_l4t   # public here since be
 __all__ = ["PACKAGES", "amx_missing", "board_mismatches", "kernels_missing", "native_kernels", "parse_l4t",
            "probe_box"]
 
-PACKAGES = ("edgehft", "ai-edge-litert", "tflite-runtime", "numpy", "pynq", "tensorrt", "pycoral")
+PACKAGES = ("edgehft", "ai-edge-litert", "tflite-runtime", "onnxruntime", "numpy", "pynq", "tensorrt", "pycoral")
 
 
 def _versions() -> dict:

@@ -39,7 +39,7 @@ def test_deploy_status_rollback(box, bundles):
     first = deployed(box, bundles["v1"])
     assert first["golden"]["count"] == first["golden"]["matched"] == 16 and first["golden"]["compare"] == "exact"
     assert first["golden"]["path"].startswith("ai-edge-litert 2.3.0")         # ran in the box's venv
-    assert set(first["seconds"]) == {"probe", "hold", "upload", "verify", "golden", "switch"}
+    assert set(first["seconds"]) == {"probe", "hold", "upload", "verify", "golden", "latency", "switch"}
     assert not (root / "previous").exists() and first["warnings"] == []
     second = deployed(box, bundles["v2"])
     assert second["active_before"] == first["active_after"] and second["active_after"] != first["active_after"]

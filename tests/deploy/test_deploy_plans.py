@@ -81,7 +81,7 @@ def test_deploy_chooses_the_plan_on_the_box_and_status_shows_it(box, plan_bundle
     _, _, root = box
     r = _deploy(box, plan_bundles["v1"])
     names = load_bundle(plan_bundles["v1"]).plan_names()
-    assert list(r["seconds"]) == ["probe", "hold", "upload", "verify", "golden", "plan", "switch"]
+    assert list(r["seconds"]) == ["probe", "hold", "upload", "verify", "golden", "plan", "latency", "switch"]
     rec = r["plan_choice"]
     assert rec["how"] == "timed" and rec["select"] == "p99" and rec["version"] == r["version"]
     assert set(rec["measured"]) == set(names) and rec["excluded"] == {}
@@ -188,7 +188,7 @@ def test_a_single_plan_bundle_deploys_as_before(box, mlp, tmp_path):
     out = tmp_path / "int8"
     compile_model(mlp / "mlp.keras", [mlp / "x.npy"], out, CompileOptions(board="cpu", quant="int8"))
     r = _deploy(box, out)
-    assert set(r["seconds"]) == {"probe", "hold", "upload", "verify", "golden", "switch"}
+    assert set(r["seconds"]) == {"probe", "hold", "upload", "verify", "golden", "latency", "switch"}
     assert r["plan_choice"] is None and r["golden"]["compare"] == "exact" and "plans" not in r["golden"]
     assert not (box[2] / "plan").exists()
     st = _status(box)
