@@ -4,7 +4,7 @@ Importing edgehft never imports TensorFlow: the runtime (:mod:`edgehft.runtime`)
 only have numpy and a TFLite interpreter. The compiler (:mod:`edgehft.compiler`) needs
 ``pip install 'edgehft[compile]'``.
 """
-__version__ = "0.3.0"
+from edgehft.version import VERSION as __version__  # noqa: E402 (pyproject.toml says it too)
 
 
 def serve(install_dir, **options):

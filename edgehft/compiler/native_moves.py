@@ -70,6 +70,15 @@ def _pad_params(s, m, g, op, x) -> dict | None:
     return {"in_hw": shape[1:3], "channels": shape[3], "pads": pads[2:6]}
 
 
+def _elementwise(s, m, g, B, op, code, shape, x) -> tuple:
+    """``(kind, params)`` of a SOFTMAX, TANH, LOGISTIC or PAD (params None: it stays on LiteRT)."""
+    if code == B.SOFTMAX:
+        return "softmax", {"shape": shape, "beta": float(op.builtinOptions.beta)}
+    if code in (B.TANH, B.LOGISTIC):
+        return "act", {"shape": shape, "act": "tanh" if code == B.TANH else "logistic"}
+    return "pad", _pad_params(s, m, g, op, x)
+
+
 def move_ops(model_bytes: bytes, native_outputs: dict[int, str], fused: set[int]) -> list[MoveOp]:
     """Walk the graph in order; a float32 MAX_POOL_2D (batch 1, 4-D), CONCATENATION (no fused activation),
     RESHAPE, STRIDED_SLICE (constant, no ellipsis/new-axis: a view), FULLY_CONNECTED (constant float32
@@ -124,15 +133,10 @@ def move_ops(model_bytes: bytes, native_outputs: dict[int, str], fused: set[int]
             params = {"rows": rows, "shape": shape, "activation": FUSED_ACTIVATIONS[o.fusedActivationFunction]}
             arrays = {"weights": w.astype(np.float32), **({} if b is None else {"bias": b.astype(np.float32)})}
             kind = "fc"
-        elif code == B.SOFTMAX:
-            params, kind = {"shape": shape, "beta": float(o.beta)}, "softmax"
-        elif code in (B.TANH, B.LOGISTIC):
-            params, kind = {"shape": shape, "act": "tanh" if code == B.TANH else "logistic"}, "act"
-        elif code == B.PAD:
-            params = _pad_params(s, m, g, op, g.tensors[data[0]])
+        elif code in (B.SOFTMAX, B.TANH, B.LOGISTIC, B.PAD):
+            kind, params = _elementwise(s, m, g, B, op, code, shape, g.tensors[data[0]])
             if params is None:
                 continue
-            kind = "pad"
         elif code == B.MAX_POOL_2D:
             x = g.tensors[data[0]]
             if len(x.shape) != 4 or int(x.shape[0]) != 1 or o.fusedActivationFunction not in FUSED_ACTIVATIONS:

@@ -113,7 +113,7 @@ class DeployResult:
         return asdict(self)
 
 
-def _tar_bundle(path: Path, files: list[str]) -> bytes:
+def tar_bundle(path: Path, files: list[str]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for rel in files:
@@ -392,7 +392,7 @@ def _install(steps: _Steps, b, files: list[str], vid: str, meta: dict, expect: s
     """Upload, verify, golden and switch, holding the box; a failure removes the staged copy and raises."""
     res, target = steps.res, steps.target
     steps.run("upload", "receive", "--version", vid, "--bytes", str(meta["bytes"]), "--meta", json.dumps(meta),
-              "--held", "--idle-timeout", f"{target.idle_timeout:g}", input_bytes=_tar_bundle(b.path, files))
+              "--held", "--idle-timeout", f"{target.idle_timeout:g}", input_bytes=tar_bundle(b.path, files))
     try:
         steps.run("verify", "verify", "--version", vid)
         golden_args = ["--emulate"] if emulate else []

@@ -21,12 +21,12 @@ def install_local(root: str | Path, bundle_dir: str | Path, keep: int = 3) -> di
     Raises:
         BundleError: ``bundle_dir`` is not a valid bundle; DeployError: what the store refuses (disk full, a
             file that does not verify, a deploy holding the box)."""
-    from edgehft.deploy.deploy import _tar_bundle, version_id
+    from edgehft.deploy.deploy import tar_bundle, version_id
     from edgehft.deploy.store import Store
     from edgehft.signing import SIGNATURE
     b = load_bundle(bundle_dir, verify=True)
     files = sorted(b.manifest.files) + [MANIFEST] + ([SIGNATURE] if (b.path / SIGNATURE).is_file() else [])
-    data = _tar_bundle(b.path, files)
+    data = tar_bundle(b.path, files)
     vid = version_id(sha256_file(b.path / MANIFEST))
     store = Store(root)
     meta = {"bundle_sha256": sha256_file(b.path / MANIFEST), "board": b.manifest.board,

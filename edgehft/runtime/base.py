@@ -309,7 +309,7 @@ class Runner:
             InputError: ``windows`` is not a list. ShapeError, DTypeError, NonFiniteInputError: a bad window,
                 the message naming its index. RunnerStateError: as :meth:`predict`.
         """
-        from edgehft.runtime.batching import as_calls, loop_calls
+        from edgehft.runtime.many import as_calls, loop_calls
         return loop_calls(self.predict, as_calls(windows))
 
     def batching(self, sizes=None, windows=None) -> dict:

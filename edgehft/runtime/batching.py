@@ -28,6 +28,7 @@ import numpy as np
 
 from edgehft.errors import InputError, ShapeError
 from edgehft.runtime.base import InputSlot, OutputSlot
+from edgehft.runtime.many import as_calls, loop_calls, with_index
 
 MAX_BATCH = 64                  # larger calls run one by one (one warm interpreter per size up to here)
 BUDGET_NS = 20_000_000          # the time one size's measurement aims at (both ways together)
@@ -39,44 +40,6 @@ HOW = ("measured in this process at the first predict_many of each size (or runn
 
 class BatchUnsupported(Exception):
     """LiteRT cannot run the plan's model at a batch of N (the message says why)."""
-
-
-def as_calls(windows) -> list[tuple]:
-    """``windows`` (a list: one array per call for a one-input model, a tuple of arrays per call otherwise) as
-    a list of per-call tuples.
-
-    Raises:
-        InputError: ``windows`` is an array or not a sequence (exit 3).
-    """
-    if isinstance(windows, np.ndarray) or not hasattr(windows, "__len__"):
-        raise InputError(f"predict_many takes a list of windows, got {type(windows).__name__}",
-                         hint="pass [x1, x2, ...] (a tuple of arrays per window for a model with several inputs)")
-    return [w if isinstance(w, tuple) else (w,) for w in windows]
-
-
-def with_index(exc: InputError, i: int, n: int) -> InputError:
-    """``exc`` (a bad window's error) again, its message prefixed with which of the ``n`` windows it is."""
-    return type(exc)(f"predict_many input {i} of {n}: {exc.args[0]}", hint=exc.hint)
-
-
-def _copy(y):
-    return tuple(a.copy() for a in y) if isinstance(y, tuple) else y.copy()
-
-
-def loop_calls(predict, calls: list[tuple]) -> list:
-    """``[copy of predict(*c) for c in calls]``.
-
-    Raises:
-        ShapeError, DTypeError, NonFiniteInputError: a bad window, the message naming its index (the windows
-            before it have run; their results are dropped).
-    """
-    out = []
-    for i, c in enumerate(calls):
-        try:
-            out.append(_copy(predict(*c)))
-        except InputError as exc:
-            raise with_index(exc, i, len(calls)) from None
-    return out
 
 
 def first_difference(a: list, b: list) -> int | None:

@@ -156,7 +156,7 @@ def _plain(value):
 
 
 def _key(bundle, request: dict) -> str:
-    from edgehft import __version__
+    from edgehft.version import VERSION as __version__
     # the manifest too: it is not in its own files map, and a hostile one beside known-good files must be tried
     ident = {"files": dict(sorted(bundle.manifest.files.items())), "request": {**request, "bundle": None},
              "manifest": hashlib.sha256(bundle.manifest.model_dump_json().encode()).hexdigest(),

@@ -288,7 +288,7 @@ def _reason(row: OpRow, outcome: Outcome, first) -> str:
     return "; ".join(parts)
 
 
-def _si(n: int) -> str:
+def si_count(n: int) -> str:
     """``2166016`` -> ``"2.17M"``."""
     for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if n >= div:
@@ -306,7 +306,7 @@ def table(analysis: StreamingAnalysis, reasons: bool = False):
     from edgehft.report import printable
     share = f"{analysis.macs_critical / analysis.macs_full:.1%}" if analysis.macs_full else "-"
     t = Table(title=f"streaming along axis {analysis.time_axis} of {printable(analysis.input)} ({analysis.window} "
-                    f"rows): critical path {_si(analysis.macs_critical)} of {_si(analysis.macs_full)} MACs ({share})",
+                    f"rows): critical path {si_count(analysis.macs_critical)} of {si_count(analysis.macs_full)} MACs ({share})",
               title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     for col in ("#", "op", "T", "cached", "prep", "crit", "MACs\ncrit", "MACs\nprep", "verdict") + (
             ("reason",) if reasons else ()):
@@ -319,7 +319,7 @@ def table(analysis: StreamingAnalysis, reasons: bool = False):
                   str(o.rows) if timed else "-",
                   str(len(o.rows_cached) + len(o.rows_constant)) if timed else "",
                   str(len(o.rows_prepared)) if timed else "", str(len(o.rows_critical)) if timed else "",
-                  _si(o.macs_critical), _si(o.macs_prepare), _SHORT[o.verdict],
+                  si_count(o.macs_critical), si_count(o.macs_prepare), _SHORT[o.verdict],
                   *((printable(o.reason),) if reasons else ()))
     return t
 
@@ -328,8 +328,8 @@ def summary(analysis: StreamingAnalysis) -> list:
     """Lines under the table: the MAC totals, recurrences, and whether the model streams (the blocking op)."""
     from edgehft.report import printable
     a = analysis
-    lines = [f"MACs per tick: critical path {_si(a.macs_critical)}, prepare {_si(a.macs_prepare)}, whole window "
-             f"{_si(a.macs_full)} ({a.macs_critical:,} / {a.macs_prepare:,} / {a.macs_full:,})"]
+    lines = [f"MACs per tick: critical path {si_count(a.macs_critical)}, prepare {si_count(a.macs_prepare)}, whole window "
+             f"{si_count(a.macs_full)} ({a.macs_critical:,} / {a.macs_prepare:,} / {a.macs_full:,})"]
     for o in a.ops:
         if o.steps_prepared is not None or o.verdict == VERDICT_WHOLE:
             lines.append(f"#{o.index} {printable(o.op)}: {printable(o.reason)}")

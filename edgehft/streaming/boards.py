@@ -327,14 +327,14 @@ def table(view: BundleStreaming):
     from rich import box
     from rich.table import Table
     from edgehft.report import printable
-    from edgehft.streaming.analysis import _si
+    from edgehft.streaming.analysis import si_count
     t = Table(title=f"streaming on {printable(view.board)}, per plan: MACs per tick", title_justify="left",
               box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     for col in ("board", "plan", "verdict", "MACs\ncrit", "MACs\nprep", "MACs\nwindow"):
         t.add_column(col, justify="left" if col in ("board", "plan", "verdict") else "right", no_wrap=True,
                      overflow="ellipsis")
     for r in view.boards:
-        macs = [_si(r.macs[k]) for k in ("critical", "prepare", "window")] if r.macs else ["-"] * 3
+        macs = [si_count(r.macs[k]) for k in ("critical", "prepare", "window")] if r.macs else ["-"] * 3
         t.add_row(printable(r.board), printable(r.plan), _SHORT[r.verdict], *macs)
     return t
 
