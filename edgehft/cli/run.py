@@ -101,15 +101,28 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
 @click.option("--batch", "batch", default=None, metavar="N1,N2,...",
               help="Time runner.predict_many at these batch sizes (2 to 64): µs per input as one batch and one by "
                    "one, and which predict_many runs; without --ticks, the golden inputs.")
+@click.option("--soak", default=None, metavar="DURATION",
+              help="Serve BUNDLE with edgehft.serve for DURATION (90s, 10m) while installing it again every "
+                   "--swap-every seconds (each install shadow-run and swapped): p99 per interval, p99.9 near swaps "
+                   "vs away, the swaps' shadow figures, failed calls, RSS growth; without --ticks, the golden "
+                   "inputs. --affinity C1,C2: the caller on C1, the server's manager on C2.")
+@click.option("--swap-every", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="--soak: seconds between installs.")
 @runner_opts
 @json_opt
 @handles_errors
 def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, profile, top,
-              streaming, batch, board, threads, affinity, emulate, device, overlay, as_json):
+              streaming, batch, soak, swap_every, board, threads, affinity, emulate, device, overlay, as_json):
     """Replay real ticks through BUNDLE and print latency percentiles in µs (or, with --profile, time per op; with
     --streaming, one row per tick through the streaming runtime)."""
     from edgehft.bench.fingerprint import machine_fingerprint
     from edgehft.bench.replay import check_plot_target, histogram_png, replay
+    if soak is not None or swap_every is not None:
+        if profile or streaming or plot or batch is not None or samples or mode == "burst":
+            raise click.UsageError("--soak serves the bundle on its own: drop --profile, --streaming, --plot, --batch, "
+                                   "--samples and --replay burst")
+        return _bench_soak(bundle, ticks, run_features, mode, warmup, speed, soak, swap_every,
+                           (board, threads, affinity, emulate, device, overlay, as_json))
     if plot:
         check_plot_target(plot)
     if batch is not None:
@@ -194,6 +207,42 @@ def _bench_batch(bundle, ticks, run_features, sizes: list[int], runner_args) -> 
     if rep["sizes"]:
         out.print(batching_table(rep, f"predict_many, µs per input — plan {report['plan']} on {r.board}"))
     out.print(("predict_many never batches here: " + rep["why"]) if rep["why"] else rep["how"], highlight=False)
+
+
+def _bench_soak(bundle, ticks, run_features, mode, warmup, speed, soak, swap_every, runner_args) -> None:
+    """``bench --soak D --swap-every S``: :func:`edgehft.serving.soak.soak_swaps` in this process, as tables or
+    JSON (the figures are reported, not judged: exit 0 whatever they are)."""
+    from edgehft.bench.fingerprint import machine_fingerprint
+    from edgehft.bundle import load_bundle
+    from edgehft.cli.common import parse_affinity
+    from edgehft.errors import InputError
+    from edgehft.serving.soak import parse_duration, print_soak, soak_swaps
+    board, threads, affinity, emulate, device, overlay, as_json = runner_args
+    if soak is None or swap_every is None:
+        raise click.UsageError("--soak DURATION and --swap-every SECONDS go together")
+    try:
+        seconds = parse_duration(soak)
+    except InputError as exc:
+        raise click.BadParameter(exc.args[0], param_hint="--soak") from None
+    ctx = click.get_current_context()
+    if emulate or device or overlay or ctx.meta.get("edgehft.plan"):
+        raise click.UsageError("--soak serves the bundle as a box does (its board's runtime, the plan it picks): "
+                               "drop --emulate, --device, --overlay and --plan")
+    own = load_bundle(bundle, verify=False).manifest.board
+    if board and board != own:
+        raise click.UsageError(f"--soak serves the bundle on its own board ({own}): drop --board {board}")
+    cores = parse_affinity(affinity) or []
+    report = soak_swaps(bundle, seconds / 60.0, swap_every, ticks=list(ticks) or None, warmup=warmup, speed=speed,
+                        recorded=mode == "recorded", caller_core=cores[0] if cores else None,
+                        shadow_core=cores[1] if len(cores) > 1 else None, threads=threads,
+                        require_signature=ctx.meta.get("edgehft.require_signature"), run_features=run_features)
+    report["fingerprint"] = machine_fingerprint()
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    print_soak(report, out)
+    fp = report["fingerprint"]
+    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']})", highlight=False)
 
 
 def _bench_streaming(bundle, ticks, run_features, replay_kw: dict, plot, runner_args) -> None:

@@ -309,7 +309,8 @@ def rss_bytes() -> tuple[int, str]:
 
 def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int = SOAK_INTERVALS,
          warmup: int = WARMUP, speed: float = 1.0, max_p99_drift: float = SOAK_MAX_P99_DRIFT,
-         max_rss_growth_mb: float = SOAK_MAX_RSS_GROWTH_MB, run_features: bool = False) -> dict:
+         max_rss_growth_mb: float = SOAK_MAX_RSS_GROWTH_MB, run_features: bool = False,
+         swap_every_s: float | None = None) -> dict:
     """Replay windows for ``minutes`` (recorded inter-arrival times when the source has them, else back to
     back; the first :data:`SOAK_WINDOWS` windows, cycled) and record, per interval of ``minutes / intervals``: calls, p50/p99 of ``predict`` (µs)
     and resident memory at the interval's end (after a ``gc.collect()``; the garbage collector is off
@@ -317,6 +318,13 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
 
     Pass when ``p99_drift`` = p99(last interval) / p99(first) - 1 <= ``max_p99_drift`` and
     ``rss_growth_bytes`` = RSS(last) - RSS(first) <= ``max_rss_growth_mb`` MiB.
+
+    With ``swap_every_s`` (None: as above) the soak runs across swaps instead
+    (:func:`edgehft.serving.soak.soak_swaps`): the runner's bundle served by :func:`edgehft.serve` from a fresh
+    install directory and installed again every ``swap_every_s`` seconds, each version shadow-run and swapped in
+    while the calls go on. Its result has these keys (the intervals with ``p99.9_us``, ``max_us``, ``swaps``) and
+    ``failed_calls``, ``near_swaps`` / ``away``, ``tries``, ``swapped``, ``refused`` (see ``soak_swaps``); it
+    also fails on a failed call, a refused version or no swap.
 
     Returns:
         ``{"check": "soak", "ok", "minutes", "seconds" (measured), "calls", "intervals": [{"index",
@@ -328,6 +336,12 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
     if not minutes > 0 or intervals < 2 or not speed > 0 or warmup < 0:
         raise InputError(f"soak: minutes {minutes}, intervals {intervals}, speed {speed}, warmup {warmup}",
                          hint="minutes > 0, intervals >= 2, speed > 0, warmup >= 0")
+    if swap_every_s is not None:
+        from edgehft.serving.soak import soak_swaps
+        res = soak_swaps(runner.bundle.path, minutes, swap_every_s, ticks=ticks, intervals=intervals, warmup=warmup,
+                         speed=speed, threads=getattr(runner, "threads", 1), max_p99_drift=max_p99_drift,
+                         max_rss_growth_mb=max_rss_growth_mb, run_features=run_features)
+        return {**res, **_runner_info(runner)}
     x, t_ns, source = replay_source(runner, ticks, limit=SOAK_WINDOWS, run_features=run_features)
     predict, windows = _predict_fn(runner, x)
     n = len(windows)

@@ -44,6 +44,9 @@ def add_options(parser) -> None:
     add("--edgehft-budget-p99", type=float, metavar="US", help="p99 budget in µs (default: the board file's)")
     add("--edgehft-budget-p999", type=float, metavar="US", help="p99.9 budget in µs (default: the board file's)")
     add("--edgehft-soak", type=float, metavar="MINUTES", help="add edgehft::soak, replaying for MINUTES")
+    add("--edgehft-soak-swap-every", type=float, metavar="S",
+        help="soak across swaps: serve the bundle with edgehft.serve and install it again every S seconds (each "
+             "version shadow-run and swapped in while the soak calls); p99.9 near swaps vs away, failed calls")
     add("--edgehft-soak-intervals", type=int, default=_checks.SOAK_INTERVALS, metavar="N",
         help=f"soak intervals (default {_checks.SOAK_INTERVALS})")
     add("--edgehft-soak-max-drift", type=float, default=_checks.SOAK_MAX_P99_DRIFT, metavar="FRACTION",
@@ -70,8 +73,8 @@ def settings_from(config) -> Settings | None:
     o = config.getoption
     board = o("edgehft_board")
     if not board:
-        given = [f"--edgehft-{n.replace('_', '-')}" for n in ("bundle", "host", "ticks", "soak", "emulate", "json")
-                 if o(f"edgehft_{n}")]
+        given = [f"--edgehft-{n.replace('_', '-')}" for n in ("bundle", "host", "ticks", "soak", "soak_swap_every",
+                                                                "emulate", "json") if o(f"edgehft_{n}")]
         if given:
             raise pytest.UsageError(f"{', '.join(given)} need --edgehft-board B (the board to test on)")
         return None
@@ -91,6 +94,9 @@ def settings_from(config) -> Settings | None:
         if not soak > 0:
             raise pytest.UsageError(f"--edgehft-soak {soak}: give a duration in minutes > 0 (e.g. 0.5)")
         names.append("soak")
+    swap = o("edgehft_soak_swap_every")
+    if swap is not None and (soak is None or not swap > 0):
+        raise pytest.UsageError(f"--edgehft-soak-swap-every {swap}: give seconds > 0, with --edgehft-soak MINUTES")
     numbers = [("samples", o("edgehft_samples") >= 1), ("warmup", o("edgehft_warmup") >= 0),
                ("threads", o("edgehft_threads") >= 1), ("speed", o("edgehft_speed") > 0),
                ("soak-intervals", o("edgehft_soak_intervals") >= 2),

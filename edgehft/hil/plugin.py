@@ -4,7 +4,8 @@
 
 With ``--edgehft-board`` the session gets ready-made test items ``edgehft::golden`` and
 ``edgehft::latency`` (first; ``edgehft::streaming`` after them with ``--edgehft-checks ...,streaming``) and
-``edgehft::soak`` (last, only with ``--edgehft-soak MINUTES``), whatever directory pytest runs in, next
+``edgehft::soak`` (last, only with ``--edgehft-soak MINUTES``; across swaps, the bundle installed again every S
+seconds under edgehft.serve, with ``--edgehft-soak-swap-every S``), whatever directory pytest runs in, next
 to the team's own tests. Those can take the session fixtures ``edgehft_runner`` (the runtime opened on the
 target), ``edgehft_bundle``, ``edgehft_board``, ``edgehft_target`` and ``edgehft_settings``. Without ``--edgehft-board`` the plugin adds nothing and the
 fixtures skip. Figures go to the terminal summary and, with ``--edgehft-json FILE``, to a JSON report.
@@ -112,7 +113,8 @@ class EdgehftCheck(pytest.Item):
         elif self.check == "streaming":
             res = target.streaming(**s.streaming_options())
         else:
-            res = target.soak(**s.soak_options())
+            every = self.config.getoption("edgehft_soak_swap_every")
+            res = target.soak(**s.soak_options(), **({} if every is None else {"swap_every_s": every}))
         state.results[self.check] = res
         self.user_properties.append((f"edgehft_{self.check}", summary.headline(res)))
         if res["ok"] is None:
@@ -214,7 +216,8 @@ def pytest_sessionfinish(session) -> None:
     if s.json_path:
         out = {"board": s.board, "bundle": str(s.bundle) if s.bundle else None, "host": s.host,
                "emulated": s.emulate, "target": state.described, "checks": state.results,
-               "settings": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(s).items()}}
+               "settings": {**{k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(s).items()},
+                            "soak_swap_every_s": session.config.getoption("edgehft_soak_swap_every")}}
         Path(s.json_path).write_text(json.dumps(out, indent=1) + "\n")
 
 
