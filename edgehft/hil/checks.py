@@ -65,7 +65,7 @@ _SOAK_CAP = 1 << 20              # latencies kept per interval (8 MiB, touched b
 SOAK_WINDOWS = 4096              # windows the soak keeps and cycles (DeepLOB: 64 MiB of float32)
 
 
-def _runner_info(runner) -> dict:
+def runner_info(runner) -> dict:
     return {"board": runner.board, "emulated": bool(runner.emulated), "bundle": str(runner.bundle.path),
             "model_sha256": runner.bundle.manifest.source.sha256}
 
@@ -81,7 +81,7 @@ def golden(runner) -> dict:
         BundleError: the bundle has no golden vectors.
     """
     res = _checks.check_golden(runner)
-    return {"check": "golden", **res, "atol": runner.bundle.manifest.golden.atol, **_runner_info(runner)}
+    return {"check": "golden", **res, "atol": runner.bundle.manifest.golden.atol, **runner_info(runner)}
 
 
 def _first(w, limit: int | None):
@@ -178,7 +178,7 @@ def latency(runner, ticks: list[str] | None = None, samples: int = SAMPLES, warm
             "samples": int(len(res.latency_ns)), "warmup": warmup, "mode": mode,
             "speed": speed if mode == "recorded" else None, "latency_us": lat,
             "start_delay_us": summarize_us(res.start_delay_ns) if res.start_delay_ns is not None else None,
-            **judged, "gaps_capped": res.gaps_capped, "source": source, **_runner_info(runner)}
+            **judged, "gaps_capped": res.gaps_capped, "source": source, **runner_info(runner)}
 
 
 def judge_latency(runner, lat: dict, budget_p99, budget_p999) -> dict:
@@ -229,7 +229,7 @@ def streaming(runner, ticks: list[str] | None = None, samples: int = SAMPLES, wa
                          hint="samples >= 1, compare >= 1, warmup >= 0, speed > 0")
     stream = _open_stream(runner)
     if isinstance(stream, str):
-        return {"check": "streaming", "ok": None, "skipped": stream, **_runner_info(runner)}
+        return {"check": "streaming", "ok": None, "skipped": stream, **runner_info(runner)}
     with stream:
         x, t_ns, source = replay_source(runner, ticks, limit=max(compare, warmup + samples),
                                         run_features=run_features)
@@ -252,7 +252,7 @@ def streaming(runner, ticks: list[str] | None = None, samples: int = SAMPLES, wa
             "prepared_ahead": c["prepared_ahead"] / c["outputs"] if c["outputs"] else 0.0,
             "prepared_before_tick": float(res.hidden.mean()) if len(res.hidden) else 0.0,
             "stream_counters": c, **exact, "rows_from": "sliding" if sliding else "newest", **judged,
-            "gaps_capped": res.gaps_capped, "stream": described, "source": source, **_runner_info(runner)}
+            "gaps_capped": res.gaps_capped, "stream": described, "source": source, **runner_info(runner)}
 
 
 def _open_stream(runner):
@@ -319,8 +319,8 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
     Pass when ``p99_drift`` = p99(last interval) / p99(first) - 1 <= ``max_p99_drift`` and
     ``rss_growth_bytes`` = RSS(last) - RSS(first) <= ``max_rss_growth_mb`` MiB.
 
-    With ``swap_every_s`` (None: as above) the soak runs across swaps instead
-    (:func:`edgehft.serving.soak.soak_swaps`): the runner's bundle served by :func:`edgehft.serve` from a fresh
+    With ``swap_every_s`` (None: as above) the soak runs across swaps instead (the local target calls
+    :func:`edgehft.serving.soak.soak_swaps`; here it is refused): the runner's bundle served by :func:`edgehft.serve` from a fresh
     install directory and installed again every ``swap_every_s`` seconds, each version shadow-run and swapped in
     while the calls go on. Its result has these keys (the intervals with ``p99.9_us``, ``max_us``, ``swaps``) and
     ``failed_calls``, ``near_swaps`` / ``away``, ``tries``, ``swapped``, ``refused`` (see ``soak_swaps``); it
@@ -337,11 +337,8 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
         raise InputError(f"soak: minutes {minutes}, intervals {intervals}, speed {speed}, warmup {warmup}",
                          hint="minutes > 0, intervals >= 2, speed > 0, warmup >= 0")
     if swap_every_s is not None:
-        from edgehft.serving.soak import soak_swaps
-        res = soak_swaps(runner.bundle.path, minutes, swap_every_s, ticks=ticks, intervals=intervals, warmup=warmup,
-                         speed=speed, threads=getattr(runner, "threads", 1), max_p99_drift=max_p99_drift,
-                         max_rss_growth_mb=max_rss_growth_mb, run_features=run_features)
-        return {**res, **_runner_info(runner)}
+        raise InputError("soak across swaps runs where the plugin's target runs it (edgehft.hil.target), not in "
+                         "checks.soak", hint="a local target: --edgehft-soak-swap-every S; a box: not supported yet")
     x, t_ns, source = replay_source(runner, ticks, limit=SOAK_WINDOWS, run_features=run_features)
     predict, windows = _predict_fn(runner, x)
     n = len(windows)
@@ -351,12 +348,12 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
         predict(windows[i % n])
     span = int(minutes * 60e9 / intervals)
     rows, calls, seconds, rss_kind = _soak_intervals(predict, windows, gaps, lat, span, intervals)
-    drift, growth, failures = _soak_verdict(rows, span, max_p99_drift, max_rss_growth_mb)
+    drift, growth, failures = soak_verdict(rows, span, max_p99_drift, max_rss_growth_mb)
     return {"check": "soak", "ok": not failures, "minutes": minutes, "seconds": seconds, "calls": calls,
             "intervals": rows, "p99_drift": drift, "rss_growth_bytes": int(growth), "rss_kind": rss_kind,
             "max_p99_drift": max_p99_drift, "max_rss_growth_mb": max_rss_growth_mb, "failures": failures,
             "mode": "recorded" if gaps is not None else "max", "speed": speed if gaps is not None else None,
-            "gaps_capped": capped, "source": source, **_runner_info(runner)}
+            "gaps_capped": capped, "source": source, **runner_info(runner)}
 
 
 def _soak_intervals(predict, windows: list, gaps, lat: np.ndarray, span: int,
@@ -408,7 +405,7 @@ def _soak_intervals(predict, windows: list, gaps, lat: np.ndarray, span: int,
     return rows, calls, (perf() - start) / 1e9, rss_kind
 
 
-def _soak_verdict(rows: list[dict], span: int, max_p99_drift: float,
+def soak_verdict(rows: list[dict], span: int, max_p99_drift: float,
                   max_rss_growth_mb: float) -> tuple[float | None, int, list[str]]:
     """``(p99 drift or None, RSS growth in bytes, failures)`` of the first and last interval in ``rows``."""
     first, last = rows[0], rows[-1]

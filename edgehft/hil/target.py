@@ -96,8 +96,17 @@ class LocalTarget:
         """:func:`edgehft.hil.checks.streaming` on the runner (a skip result when the bundle does not stream)."""
         return checks.streaming(self.runner, **options)
 
-    def soak(self, **options) -> dict:
-        return checks.soak(self.runner, **options)
+    def soak(self, swap_every_s: float | None = None, **options) -> dict:
+        """:func:`edgehft.hil.checks.soak`; with ``swap_every_s`` the soak across swaps
+        (:func:`edgehft.serving.soak.soak_swaps`: the bundle served from a fresh install dir, installed again every
+        ``swap_every_s`` seconds)."""
+        if swap_every_s is None:
+            return checks.soak(self.runner, **options)
+        from edgehft.serving.soak import soak_swaps
+        r = self.runner
+        res = soak_swaps(r.bundle.path, options.pop("minutes"), swap_every_s, threads=getattr(r, "threads", 1),
+                         **options)
+        return {**res, **checks.runner_info(r)}
 
     def describe(self) -> dict:
         """What runs: ``{"kind": "local", "board", "bundle", "emulated", ...}`` plus the runner's own

@@ -442,10 +442,10 @@ def _try_row(t: dict, tries: _Tries, start_ns: int) -> dict:
 
 
 def _report(run: dict, tries: _Tries, errors: list, first: str, active: str, fields: dict) -> dict:
-    from edgehft.hil.checks import _soak_verdict
+    from edgehft.hil.checks import soak_verdict
     rows, hists = run["rows"], run["hists"]
     span = int(fields["minutes"] * 60e9 / len(rows))
-    drift, growth, failures = _soak_verdict(rows, span, fields["max_p99_drift"], fields["max_rss_growth_mb"])
+    drift, growth, failures = soak_verdict(rows, span, fields["max_p99_drift"], fields["max_rss_growth_mb"])
     with tries.lock:
         table = [_try_row(t, tries, run["start_ns"]) for t in tries.tries]
     count = collections.Counter(t["event"] for t in table)
