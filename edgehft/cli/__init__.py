@@ -12,7 +12,7 @@
 The command modules import :mod:`edgehft.cli.common`, never this package, so there is no import cycle.
 """
 from edgehft.cli.common import add_backend_commands, drop_clashing_board_options, main
-from edgehft.cli import compile, deploy, inspect, run, sign  # noqa: F401,E402  (each registers its commands)
+from edgehft.cli import compile, deploy, inspect, run, serve, sign  # noqa: F401,E402  (each registers its commands)
 
 add_backend_commands(main)            # a backend's own commands (jetson: build-engine)
 drop_clashing_board_options(main)     # a backend's option may not shadow edgehft's own or an earlier backend's
