@@ -40,7 +40,7 @@ Every step is an event (``{"event", "version", "time_utc", ...figures}``: ``serv
 
 Off the caller's path, with a cost: the manager is a Python thread, so while it works it competes for the GIL
 (the kernels and LiteRT's invoke release it). ``serve`` sets ``sys.setswitchinterval`` to ``switch_interval_s``
-(default 100 µs, Python's is 5 ms) so a caller waits at most about that long, and pins the manager to
+(default 100 µs, Python's is 5 ms; ``close()`` puts it back) so a caller waits at most about that long, and pins the manager to
 ``shadow_core`` when given (give it a core the caller does not use). The benchmark
 (``benchmarks/serve_swap.py``) measures the caller's p99.9 around swaps against away from them.
 """
@@ -141,6 +141,7 @@ class Server:
         self._lane = self._prev_feed = self._rollback_req = None
         if stream:
             self._open_lane()
+        self._switch_before = sys.getswitchinterval()      # restored by close()
         if switch_interval_s:
             sys.setswitchinterval(float(switch_interval_s))
         self._emit("serving", vid, plan=getattr(self._active.runner, "plan", None))
@@ -224,6 +225,7 @@ class Server:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
         self._watch.close()
+        sys.setswitchinterval(self._switch_before)
         for v in [self._active, self._previous, *[r for r, _ in self._retired]]:
             if v is not None:
                 v.close()

@@ -397,20 +397,6 @@ def build_plan(bundle, analysis, portable: bool = False) -> Plan:
         raise
 
 
-def _run_calls(calls, base: int) -> None:
-    """One phase in Python, every call with its rows at ``base``: what the native program
-    (:class:`~edgehft.kernels.cpu.chain_program.ChainProgram`) runs for that phase, kept to time or check one
-    call alone (profiling)."""
-    for fn, h, srcs, out_addr, out_rb, a, ptrs, ptrs_addr in calls:
-        if ptrs is None:
-            addr, rb, lo = srcs[0]
-            fn(h, addr + (base + lo) * rb, out_addr + (base + a) * out_rb)
-        else:
-            for i, (addr, rb, lo) in enumerate(srcs):
-                ptrs[i] = addr + (base + lo) * rb
-            fn(h, ptrs_addr, out_addr + (base + a) * out_rb)
-
-
 def _program(plan: Plan, row: np.ndarray):
     """The native program of ``plan`` (:class:`~edgehft.kernels.cpu.chain_program.ChainProgram`) reading the
     staging ``row``."""
