@@ -203,6 +203,12 @@ class _Calls:
                 if int(np.prod(k.out.shape)) != (b - a) * self.out.row:
                     raise _refuse(f"tensor {self.out.name!r}: rows {a}-{b - 1} do not fit the kernel's output "
                                   f"{list(k.out.shape)}")
+                # the kernel reads (hi - lo) whole rows of each input: native.json's shapes must say so (a bundle is
+                # untrusted: a kernel built for wider rows than the tensor's would read past its buffer)
+                for t, shape in zip(ins, k.input_shapes):
+                    if int(np.prod(shape)) != (hi - lo) * t.row:
+                        raise _refuse(f"tensor {t.name!r}: {hi - lo} rows of {t.row} values do not fit the kernel "
+                                      f"input {list(shape)} of {self.out.name!r} (an inconsistent native.json)")
                 ptrs = getattr(k, "_ptrs", None) if len(ins) > 1 else None
                 srcs = tuple((t.addr, t.row_bytes, lo) for t in ins)
                 self.plan.calls[phase].append((k._run, k._h, srcs, self.out.addr, self.out.row_bytes, a, ptrs,
@@ -309,6 +315,10 @@ def _lstm(plan: Plan, st: dict, root, analysis, portable: bool) -> str:
         k = NativeLSTM([(z["kernel"], z["recurrent_kernel"], z["bias"])], st["timesteps"], True,
                        cell_clip=float(z["cell_clip"]), portable=portable).projected()
     row = analysis.op(int(st["op"]))
+    if k.timesteps != proj.rows or proj.row != 4 * k.hidden[0]:
+        k.close()
+        raise _refuse(f"op #{st['op']} LSTM: {k.timesteps} steps of {4 * k.hidden[0]} projections, its input has "
+                      f"{proj.rows} rows of {proj.row} (an inconsistent native.json)")
     if row.steps_prepared is None or row.steps_prepared + (row.steps_critical or 0) != proj.rows:
         raise _refuse(f"op #{st['op']} LSTM: the analysis gives no steps before and after the tick")
     plan.lstm, plan.lstm_input, plan.lstm_prepared = k, proj.name, int(row.steps_prepared)

@@ -221,3 +221,27 @@ def test_deeplob_prepare_thread_pinned(deeplob_bf16, day_rows):
             c = s.counters
             assert c["outputs"] == 402 and c["prepared_ahead"] + c["prepared_late"] == 402
         assert not helper & _threads()              # close stopped it
+
+
+def test_a_native_json_whose_shapes_do_not_fit_is_refused_not_read_past(deeplob_bf16, tmp_path):
+    """A hostile bundle: native.json says a conv reads 40-wide rows where its input tensor's rows are 20 wide
+    (re-hashed, so the manifest verifies). runner.stream() refuses it with InputError naming the tensor; no kernel
+    reads past a buffer."""
+    import json
+    from deploy_box import resign
+
+    def widen(d):
+        g = json.loads((d / "native.json").read_text())
+        st = next(s for s in g["steps"] if s["kind"] == "conv2d" and s["in_hw"] == [100, 20])
+        st["in_hw"] = [100, 40]
+        (d / "native.json").write_text(json.dumps(g))
+    bad = resign(deeplob_bf16, tmp_path / "bad", widen, tag="wide")
+    try:
+        r = runtime.open(bad)
+    except Exception as exc:            # refused at open is fine too: it must be an edgehft error, not a crash
+        from edgehft.errors import EdgeHFTError
+        assert isinstance(exc, EdgeHFTError), exc
+        return
+    with r:
+        with pytest.raises(InputError, match="do not fit the kernel input"):
+            r.stream()
