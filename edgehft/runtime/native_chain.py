@@ -207,6 +207,30 @@ def invoke(chain: Chain, staging_in, staging_out) -> None:
         np.copyto(buf, env[name].reshape(buf.shape))
 
 
+def conv_links(chain: Chain) -> dict[int, int]:
+    """Runs of convs the hot path links (:meth:`~edgehft.kernels.cpu.conv.NativeConv2D.linked_call`): step i ->
+    step j when conv j reads conv i's output directly and is its only reader (no view, no other step, not a
+    chain output) and both keep their inputs as bf16 (AMX or VDPBF16PS). The fp32 tensor between them is then
+    never written: conv i rounds its output into conv j's bf16 buffer, the bits conv j's own fill gives."""
+    readers: dict[str, int] = {}
+    for kind, h in chain.steps:
+        names = [n for _, n in h[1]] if kind == "views" else list(h[1])
+        for n in names:
+            readers[n] = readers.get(n, 0) + 1
+    for n in chain.outputs:
+        readers[n] = readers.get(n, 0) + 2
+    made_by = {h[2]: i for i, (kind, h) in enumerate(chain.steps) if kind == "conv2d"}
+    links = {}
+    for j, (kind, h) in enumerate(chain.steps):
+        if kind != "conv2d" or len(h[1]) != 1 or h[1][0] not in made_by or readers[h[1][0]] != 1:
+            continue
+        i = made_by[h[1][0]]
+        prod, cons = chain.steps[i][1][0], h[0]
+        if prod.linkable and cons.linkable and cons.input_shape == prod.out.shape[1:]:
+            links[i] = j
+    return links
+
+
 def bind(chain: Chain, staging_in, staging_out):
     """The hot path, when every buffer the chain hands over stays put (segments through their own
     buffers' views; kernel outputs in shared buffers planned by :mod:`edgehft.runtime.arena`, so the
@@ -236,7 +260,9 @@ def bind(chain: Chain, staging_in, staging_out):
     pool = arena.allocate(arena.buffer_sizes(plan, keep))
     env = dict(zip(chain.inputs, staging_in))
     calls, per_step = [], []
-    for (kind, h), slot in zip(chain.steps, where):
+    links = conv_links(chain)
+    linked_to = set(links.values())
+    for idx, ((kind, h), slot) in enumerate(zip(chain.steps, where)):
         n_calls = len(calls)
         if kind == "views":
             inv, ins, outs, _ = h
@@ -262,8 +288,12 @@ def bind(chain: Chain, staging_in, staging_out):
             if any(x.dtype != np.float32 or not x.flags.c_contiguous for x in xs):
                 return None
             y = pool[slot][:out.nbytes].view(out.dtype).reshape(out.shape)
-            calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(k.input_pointer(xs)),
-                                           ctypes.c_void_p(y.ctypes.data)))
+            if idx in links or idx in linked_to:       # a run of convs without the fp32 tensors between
+                nxt = chain.steps[links[idx]][1][0] if idx in links else None
+                calls.append(k.linked_call(None if idx in linked_to else k.input_pointer(xs), y.ctypes.data, nxt))
+            else:
+                calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(k.input_pointer(xs)),
+                                               ctypes.c_void_p(y.ctypes.data)))
             env[dst] = y
         per_step.append(calls[-1] if len(calls) > n_calls else None)
     finals = [(buf, env[name].reshape(buf.shape)) for name, buf in zip(chain.outputs, staging_out)]

@@ -203,3 +203,20 @@ def test_profile_times_the_calls_predict_makes(bf16_bundle):
     kinds = [s["kind"] for s in json.loads((bf16_bundle / "native.json").read_text())["steps"]]
     for kind, seg in zip(kinds, prof["segments"]):
         assert (seg["us"]["p50"] == 0) == (kind in ("reshape", "slice")), (kind, seg)
+
+
+def test_linked_convs_on_the_hot_path_give_the_unlinked_bits(bf16_bundle, monkeypatch):
+    """Where the convs keep bf16 inputs (AMX or AVX512_BF16), predict links the conv+lrelu -> conv+lrelu pair
+    (the second reads only the first) and skips the fp32 tensor between them; its outputs are np.array_equal
+    to those of the same bundle opened with nothing linked. On a CPU without either, nothing is linked."""
+    from edgehft.runtime import native_chain
+    with runtime.open(bf16_bundle) as r:
+        links = native_chain.conv_links(r._chain)
+        convs = [i for i, (kind, _) in enumerate(r._chain.steps) if kind == "conv2d"]
+        assert links == ({convs[0]: convs[1]} if r._chain.steps[convs[0]][1][0].linkable else {})
+        monkeypatch.setattr(native_chain, "conv_links", lambda chain: {})
+        with runtime.open(bf16_bundle) as unlinked:
+            rng = np.random.default_rng(4)
+            for _ in range(5):
+                x = rng.standard_normal(r._in_specs[0].shape).astype(np.float32)
+                assert np.array_equal(r.predict(x), unlinked.predict(x))

@@ -125,3 +125,41 @@ def test_bad_shapes_and_dtypes_are_refused():
         conv.run(np.ones((8, 7, 2), np.float32))
     with pytest.raises(DTypeError, match="float32"):
         conv.run(np.ones((8, 8, 2), np.float64))
+
+
+LINKABLE = [t for t in TARGETS if t in ("amx", "avx3_bf16")]
+
+
+@pytest.mark.skipif(not LINKABLE, reason="this CPU runs neither AMX-BF16 nor AVX512_BF16 (no bf16 input buffer)")
+@pytest.mark.parametrize("target", LINKABLE or ["none"])
+def test_linked_convs_give_the_bits_of_convs_run_in_turn(target):
+    """Three convs in a row, each reading only the one before (a 1x2 stride-2 VALID, a 4x1 SAME, a 3x3 SAME whose
+    input has left/right padding columns; Co 20, not a multiple of 16 or 32): linked, the first reads the fp32
+    input and the others their bf16 buffers, the last writes fp32; np.array_equal to running each conv on the
+    previous one's output, twice (the buffers' padding stays zero), also with a subnormal and a large value in
+    the input. A link to a conv of another input shape, or from a conv off the bf16 paths, is refused."""
+    from ctypes import c_void_p
+    rng = np.random.default_rng(11)
+    with force_target(target):
+        a = NativeConv2D(rng.standard_normal((32, 1, 2, 3)), rng.standard_normal(32), (30, 16), 3, (1, 2), "VALID",
+                         activation="leaky_relu", alpha=0.01)
+        b = NativeConv2D(rng.standard_normal((20, 4, 1, 32)), None, (30, 8), 32, (1, 1), "SAME", activation="relu")
+        c = NativeConv2D(rng.standard_normal((8, 3, 3, 20)), rng.standard_normal(8), (30, 8), 20, (1, 1), "SAME")
+    out = np.zeros_like(c.out)
+    calls = [a.linked_call(None, 0, b), b.linked_call(None, 0, c), c.linked_call(None, out.ctypes.data, None)]
+    for trial in range(3):
+        x = rng.standard_normal((30, 16, 3)).astype(np.float32)
+        if trial == 2:
+            x[0, 0, 0], x[5, 3, 1] = 1e-40, 1e30
+        want = c.run(b.run(a.run(x)[0]).copy()[0]).copy()
+        first = a.linked_call(x.ctypes.data, 0, b)
+        assert first() == 0 and calls[1]() == 0 and calls[2]() == 0
+        assert np.array_equal(out, want), trial
+    with pytest.raises(ShapeError, match="cannot be linked"):
+        a.linked_call(None, 0, c)
+    with force_target("avx3" if "avx3" in TARGETS else TARGETS[-1]):
+        simd = NativeConv2D(rng.standard_normal((20, 4, 1, 32)), None, (30, 8), 32, (1, 1), "SAME")
+    assert not simd.linkable
+    with pytest.raises(ShapeError, match="cannot be linked"):
+        a.linked_call(None, 0, simd)
+    assert a._lib.edgehft_conv_run_link(b._h, None, c_void_p(0), simd._h) == -2      # nothing run

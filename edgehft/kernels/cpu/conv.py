@@ -23,6 +23,7 @@ in that buffer, e.g. kx1 SAME or 1xk VALID convs that tile the width, else row b
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,10 @@ def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
     lib.edgehft_conv_amx.restype = i32
     lib.edgehft_conv_slot.restype = i32
     lib.edgehft_conv_slot.argtypes = [vp]
+    lib.edgehft_conv_run_link.restype = i32
+    lib.edgehft_conv_run_link.argtypes = [vp, vp, vp, vp]
+    lib.edgehft_conv_own_buffer.restype = i32
+    lib.edgehft_conv_own_buffer.argtypes = [vp]
     lib.edgehft_conv_destroy.restype = None
     lib.edgehft_conv_destroy.argtypes = [vp]
     lib._edgehft_conv_typed = True
@@ -147,6 +152,29 @@ class NativeConv2D(NativeKernel):
         self.isa = build.slot_name(lib.edgehft_conv_slot(self._h))
         self._outp = ctypes.c_void_p(self.out.ctypes.data)
         self._run = lib.edgehft_conv_run
+
+    @property
+    def linkable(self) -> bool:
+        """Whether this conv keeps its input as bf16 (AMX or VDPBF16PS), so :meth:`linked_call` can hand its
+        output to the next conv without an fp32 tensor between them."""
+        return self.isa in ("amx", "avx3_bf16")
+
+    def linked_call(self, x_ptr: int | None, out_ptr: int, next_conv: "NativeConv2D | None"):
+        """A bound call (no arguments; as the hot path's other calls, its return code is the run's: 0, or -1
+        when this thread's scratch could not grow) for a run of convs each reading only the previous one:
+        reads ``x_ptr`` (a ``(H, W, C)`` float32 input that stays put) or, with None, the bf16 buffer the conv
+        linked before this one fills; writes ``out_ptr`` (fp32, :attr:`out`'s shape), or with ``next_conv``
+        straight into that conv's bf16 input buffer (allocated now). Outputs are bit for bit those of
+        :meth:`run` on each conv in turn. Raises ShapeError when the link cannot be made (a conv not
+        :attr:`linkable`, ``next_conv`` reading another shape), MemoryError without memory for the buffer."""
+        nxt = next_conv
+        if not self.linkable or (nxt is not None and (not nxt.linkable or nxt.input_shape != self.out.shape[1:])):
+            raise ShapeError(f"conv {self.input_shape} -> {self.out.shape[1:]} ({self.isa}) cannot be linked to "
+                             f"{None if nxt is None else (nxt.input_shape, nxt.isa)}")
+        if nxt is not None and self._lib.edgehft_conv_own_buffer(nxt._h):
+            raise MemoryError("edgehft_conv_own_buffer: no memory for the next conv's bf16 input buffer")
+        return functools.partial(self._lib.edgehft_conv_run_link, self._h, ctypes.c_void_p(x_ptr),
+                                 ctypes.c_void_p(out_ptr), None if nxt is None else nxt._h)
 
     def run(self, x: np.ndarray) -> np.ndarray:
         """``x``: ``(H, W, C)`` or ``(1, H, W, C)`` float32 -> :attr:`out`."""

@@ -40,6 +40,11 @@
 // each block's tiles go to a small scratch that stays in L1, then the AVX3 epilogue. The AMX code is our
 // own (per-function target attributes), compiled into every x86-64 build and run only where usable.
 //
+// On AMX and VDPBF16PS the input is rounded to bf16 with AVX512_BF16's VCVTNE2PS2BF16 (32 values an instruction,
+// the bits of the SIMD rounding except that a subnormal becomes zero, which those paths' DAZ does anyway), and
+// a run of convs each reading only the one before (edgehft_conv_run_link; DeepLOB's front end) hands the output
+// over as bf16 straight into the next conv's own padded buffer: no fp32 tensor between them, same bits.
+//
 // The input buffer is one per thread, shared by all convs (see scratch()); no allocation in
 // edgehft_conv_run except the first run on a thread other than the creating one, which sizes its buffer.
 #include "cpu_dispatch.h"
@@ -75,6 +80,9 @@ struct Conv {
     float* wf;               // SIMD: bf16-rounded weights as float [kh][kw*C][Cop]
     float* bias;             // [Cop], zeros after Co
     float* acc;              // AMX block scratch [32][NB*16]
+    uint16_t* own;           // bf16 input buffer of its own (AMX / VDPBF16PS), written by the conv linked before it
+    float* tmp;              // linked output: the epilogue's fp32 rows [32][Co] before they are rounded
+    Conv* next;              // during a linked run: the conv whose own buffer takes the output
     bool amx;                // runs on AMX tiles
     bool dpbf16;             // runs on AVX512_BF16's VDPBF16PS
     int slot;                // the Highway target slot (cpu_dispatch.h) of the SIMD code and epilogue
@@ -174,13 +182,36 @@ HWY_INLINE void StoreOut(const Conv& k, D d, V a, int c, float* HWY_RESTRICT o) 
     else hn::BlendedStore(v, hn::FirstN(d, static_cast<size_t>(k.Co - c)), d, o + c);
 }
 
-// Rows [p0, p1) of the output from a block scratch (row p at acc + (p - p0) * ld), all Co channels.
-void Epilogue(const Conv& k, const float* HWY_RESTRICT acc, int ld, float* HWY_RESTRICT out, int p0, int p1) {
+// Rows [p0, p1) of the output from a block scratch (row p at acc + (p - p0) * ld), all Co channels, for one
+// activation (a template argument, so the per-vector switch and the Conv fields leave the loop).
+template <int kAct>
+HWY_INLINE void EpilogueAct(const Conv& k, const float* HWY_RESTRICT acc, int ld, float* HWY_RESTRICT out, int p0,
+                            int p1) {
     const D d;
-    const int L = static_cast<int>(hn::Lanes(d));
-    for (int p = p0; p < p1; ++p)
-        for (int c = 0; c < k.Co; c += L)
-            StoreOut(k, d, hn::LoadU(d, acc + static_cast<size_t>(p - p0) * ld + c), c, out + static_cast<size_t>(p) * k.Co);
+    const int L = static_cast<int>(hn::Lanes(d)), Co = k.Co, full = Co / L * L;
+    const float* HWY_RESTRICT bias = k.bias;
+    const float alpha = k.alpha;
+    const auto tail = hn::FirstN(d, static_cast<size_t>(Co - full));
+    for (int p = p0; p < p1; ++p) {
+        const float* HWY_RESTRICT a = acc + static_cast<size_t>(p - p0) * ld;
+        float* HWY_RESTRICT o = out + static_cast<size_t>(p) * Co;
+        int c = 0;
+        for (; c < full; c += L)
+            hn::StoreU(Activate(d, hn::Add(hn::LoadU(d, a + c), hn::Load(d, bias + c)), kAct, alpha), d, o + c);
+        if (c < Co)
+            hn::BlendedStore(Activate(d, hn::Add(hn::LoadU(d, a + c), hn::Load(d, bias + c)), kAct, alpha), tail, d,
+                             o + c);
+    }
+}
+
+void Epilogue(const Conv& k, const float* HWY_RESTRICT acc, int ld, float* HWY_RESTRICT out, int p0, int p1) {
+    switch (k.act) {
+        case conv::kRelu: return EpilogueAct<conv::kRelu>(k, acc, ld, out, p0, p1);
+        case conv::kRelu6: return EpilogueAct<conv::kRelu6>(k, acc, ld, out, p0, p1);
+        case conv::kReluN1To1: return EpilogueAct<conv::kReluN1To1>(k, acc, ld, out, p0, p1);
+        case conv::kLeaky: return EpilogueAct<conv::kLeaky>(k, acc, ld, out, p0, p1);
+        default: return EpilogueAct<conv::kNone>(k, acc, ld, out, p0, p1);
+    }
 }
 
 // P pixels (from m0) x NV vectors of output channels (from c0): sums over every kernel row and its kw*C
@@ -320,16 +351,52 @@ void fill(const Conv* k, const float* x, T* base, void (*round)(const float*, T*
 }
 
 #ifdef EDGEHFT_AMX
+// y = bf16(x), the bits RoundBf16 gives for every normal, zero, infinite or NaN x (round to nearest even,
+// clamped to +-kBf16Max first, NaN kept), 32 values per VCVTNE2PS2BF16 (AVX512_BF16, which every AMX CPU has).
+// A subnormal x becomes zero here where RoundBf16 keeps a subnormal bf16: the AMX and VDPBF16PS paths, the only
+// users, treat subnormal bf16 operands as zero anyway (the instructions' DAZ), so their outputs are the same.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void round_bf16_cvt(const float* x, uint16_t* y, size_t n) {
+    const __m512 hi = _mm512_set1_ps(conv::kBf16Max), lo = _mm512_set1_ps(-conv::kBf16Max);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {       // min(c, v) and max(c, v) return v when v is NaN
+        const __m512 a = _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_loadu_ps(x + i)));
+        const __m512 b = _mm512_max_ps(lo, _mm512_min_ps(hi, _mm512_loadu_ps(x + i + 16)));
+        _mm512_storeu_si512(y + i, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+    if (i < n) kTable[kAvx3]->round_bf16(x + i, y + i, n - i);
+}
+
 struct TileConfig {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 };
 
+// Output pixels [p0, p1) from a block scratch (acc, row p at acc + (p - p0) * NB * 16): act(acc + bias) to out as fp32 (the epilogue), or, in a linked
+// run, rounded to bf16 (round_bf16_cvt: the bits the next conv's own fill would give) straight into the padded
+// input buffer of the next conv (its pixel (oy, ox) at padded row ph + oy, column pw + ox).
+void emit(Conv* k, const float* acc, float* out, int p0, int p1) {
+    const int ld = k->NB * 16;
+    Conv* n = k->next;
+    if (!n) {
+        kTable[kAvx3]->epilogue(*k, acc, ld, out, p0, p1);
+        return;
+    }
+    kTable[kAvx3]->epilogue(*k, acc, ld, k->tmp, 0, p1 - p0);
+    const size_t Co = k->Co;
+    const bool rows_touch = n->pw == 0 && n->Wp == n->W;    // the next buffer's rows have no padding between
+    for (int p = p0; p < p1;) {                             // runs of pixels contiguous in the next buffer
+        const int oy = p / k->Wo, ox = p % k->Wo;
+        const int q = rows_touch ? p1 : std::min(p1, (oy + 1) * k->Wo);
+        round_bf16_cvt(k->tmp + (p - p0) * Co,
+                       n->own + ((static_cast<size_t>(n->ph) + oy) * n->Wp + n->pw + ox) * Co, (q - p) * Co);
+        p = q;
+    }
+}
+
 // Pixels p0 .. p0+rows-1 (rows <= 32) of the output, whose first input run starts at base and the next
-// ones s padded pixels apart: all output channels into the block scratch, then the epilogue.
-__attribute__((target("amx-tile,amx-bf16"))) void amx_block(Conv* k, const uint16_t* base, int s, int p0,
-                                                            int rows, float* out) {
+// ones s padded pixels apart: all output channels' sums into the block scratch acc (the caller emits them).
+__attribute__((target("amx-tile,amx-bf16"))) void amx_block(Conv* k, const uint16_t* base, int s, float* acc) {
     const int C = k->C, NB = k->NB, KB = k->KB, ldc = NB * 16 * 4;
     const long astride = static_cast<long>(s) * C * 2;
     const size_t tile = 16 * 32;                   // bf16 elements per B tile
@@ -355,7 +422,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_block(Conv* k, const uint1
                 }
             }
         }
-        float* o = k->acc + nb * 16;
+        float* o = acc + nb * 16;
         _tile_stored(0, o, ldc);
         _tile_stored(2, o + 16 * NB * 16, ldc);
         if (two) {
@@ -363,7 +430,6 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_block(Conv* k, const uint1
             _tile_stored(3, o + 16 * NB * 16 + 16, ldc);
         }
     }
-    kTable[kAvx3]->epilogue(*k, k->acc, NB * 16, out, p0, p0 + rows);
 }
 
 // AVX512_BF16: P pixels x NV 16-channel blocks (from block nb0) into the block scratch (row p - m0 at
@@ -419,7 +485,7 @@ void run_dp(Conv* k, float* out) {
     for (int m0 = 0; m0 < k->M; m0 += kP) {
         const int np = std::min(kP, k->M - m0);
         for (int nb0 = 0; nb0 < k->NB; nb0 += 4) dp_blocks<kP, 4>(np, std::min(4, k->NB - nb0), k, m0, nb0);
-        kTable[kAvx3]->epilogue(*k, k->acc, k->NB * 16, out, m0, m0 + np);
+        emit(k, k->acc, out, m0, m0 + np);
     }
 }
 
@@ -435,13 +501,17 @@ __attribute__((target("amx-tile,amx-bf16"))) void run_amx(Conv* k, float* out) {
     _tile_loadconfig(&cfg);
     const size_t C = k->C;
     if (k->flat) {
-        for (int m0 = 0; m0 < k->M; m0 += 32)
-            amx_block(k, xb + static_cast<size_t>(m0) * k->s * C, k->s, m0, std::min(32, k->M - m0), out);
+        for (int m0 = 0; m0 < k->M; m0 += 32) {
+            amx_block(k, xb + static_cast<size_t>(m0) * k->s * C, k->s, k->acc);
+            emit(k, k->acc, out, m0, std::min(k->M, m0 + 32));
+        }
     } else {
         for (int oy = 0; oy < k->Ho; ++oy)
-            for (int ox = 0; ox < k->Wo; ox += 32)
+            for (int ox = 0; ox < k->Wo; ox += 32) {
                 amx_block(k, xb + (static_cast<size_t>(oy) * k->sh * k->Wp + static_cast<size_t>(ox) * k->sw) * C,
-                          k->sw, oy * k->Wo + ox, std::min(32, k->Wo - ox), out);
+                          k->sw, k->acc);
+                emit(k, k->acc, out, oy * k->Wo + ox, oy * k->Wo + std::min(k->Wo, ox + 32));
+            }
     }
     _tile_release();
 }
@@ -490,8 +560,9 @@ void* edgehft_conv_create(const int* dims, const float* weights, const float* bi
     k->wf = static_cast<float*>(aligned_zeroed(static_cast<size_t>(k->kh) * kwc * Cop * 4));
     k->bias = static_cast<float*>(aligned_zeroed(static_cast<size_t>(Cop) * 4));
     k->acc = static_cast<float*>(aligned_zeroed(static_cast<size_t>(32) * Cop * 4));
-    if (!scratch(k->xrows * sizeof(float)) || !k->wt || !k->wf || !k->bias || !k->acc) {
-        free(k->wt); free(k->wf); free(k->bias); free(k->acc); free(k);
+    k->tmp = static_cast<float*>(aligned_zeroed(static_cast<size_t>(32) * Cop * 4));
+    if (!scratch(k->xrows * sizeof(float)) || !k->wt || !k->wf || !k->bias || !k->acc || !k->tmp) {
+        free(k->wt); free(k->wf); free(k->bias); free(k->acc); free(k->tmp); free(k);
         return nullptr;
     }
     for (int co = 0; co < k->Co; ++co) {
@@ -520,7 +591,7 @@ int edgehft_conv_run(void* h, const float* x, float* out) {
     const conv::Fns* fn = kTable[k->slot];
 #ifdef EDGEHFT_AMX
     if (k->amx || k->dpbf16) {
-        fill<uint16_t>(k, x, static_cast<uint16_t*>(k->x), fn->round_bf16);
+        fill<uint16_t>(k, x, static_cast<uint16_t*>(k->x), &round_bf16_cvt);
         if (k->amx) run_amx(k, out);
         else run_dp(k, out);
         return 0;
@@ -529,6 +600,48 @@ int edgehft_conv_run(void* h, const float* x, float* out) {
     fill<float>(k, x, static_cast<float*>(k->x), fn->round_f32);
     fn->run(*k, out);
     return 0;
+}
+
+// Give the conv its own bf16 input buffer (once), for edgehft_conv_run_link: zeroed, and only its interior is
+// ever written, so its padding stays zero. Returns 0, -1 out of memory, -2 on a conv not on AMX or VDPBF16PS.
+int edgehft_conv_own_buffer(void* h) {
+    Conv* k = static_cast<Conv*>(h);
+    if (!(k->amx || k->dpbf16)) return -2;
+    if (!k->own) k->own = static_cast<uint16_t*>(aligned_zeroed(k->xrows * sizeof(uint16_t)));
+    return k->own ? 0 : -1;
+}
+
+// A run of two or more convs in a row, each reading only the one before it (DeepLOB's front end), without the
+// fp32 tensor between them: the conv h, reading x (or, when x is null, its own bf16 buffer, which the conv linked
+// before it filled), writes its output rounded to bf16 into next's own buffer (next null: to out, fp32). The
+// bits are those of edgehft_conv_run on each conv in turn (the rounding the next conv's fill would do, done in
+// the epilogue), so a linked chain and an unlinked one give the same outputs. Both convs must run on AMX or
+// VDPBF16PS (the bf16 buffer), next must read h's output shape and have its buffer (edgehft_conv_own_buffer).
+// Returns 0; -1 when this thread's scratch could not grow (out of memory); -2 when the link is not possible
+// (another path or shape, next without its buffer, or x null on a conv without one), with nothing run.
+int edgehft_conv_run_link(void* h, const float* x, float* out, void* nxt) {
+    Conv* k = static_cast<Conv*>(h);
+    Conv* n = static_cast<Conv*>(nxt);
+#ifdef EDGEHFT_AMX
+    if (!(k->amx || k->dpbf16) || (!x && !k->own)) return -2;
+    if (n && (!(n->amx || n->dpbf16) || n->H != k->Ho || n->W != k->Wo || n->C != k->Co)) return -2;
+    if (n && !n->own) return -2;
+    if (x) {
+        k->x = scratch(k->xrows * sizeof(float));
+        if (!k->x) return -1;
+        fill<uint16_t>(k, x, static_cast<uint16_t*>(k->x), &round_bf16_cvt);
+    } else {
+        k->x = k->own;
+    }
+    k->next = n;
+    if (k->amx) run_amx(k, out);
+    else run_dp(k, out);
+    k->next = nullptr;
+    return 0;
+#else
+    (void)k; (void)n; (void)x; (void)out;
+    return -2;
+#endif
 }
 
 // The target slot this conv runs (cpu_dispatch.h: 0 amx, 1 avx3_bf16, 2 avx3, 3 avx2, 4 neon, 5 the fallback).
@@ -543,7 +656,7 @@ int edgehft_conv_isa(void* h) { return static_cast<Conv*>(h)->amx ? 1 : 0; }
 void edgehft_conv_destroy(void* h) {
     Conv* k = static_cast<Conv*>(h);
     if (!k) return;
-    free(k->wt); free(k->wf); free(k->bias); free(k->acc); free(k);
+    free(k->wt); free(k->wf); free(k->bias); free(k->acc); free(k->tmp); free(k->own); free(k);
 }
 
 }  // extern "C"

@@ -59,7 +59,7 @@ bool cpu_runs(int slot) {
     if (slot == kAvx3) return avx3;
     if (slot == kAvx3Bf16) return avx3 && __builtin_cpu_supports("avx512bf16");
 #ifdef EDGEHFT_X86_LINUX
-    if (slot == kAmx) return avx3 && amx_check();
+    if (slot == kAmx) return avx3 && __builtin_cpu_supports("avx512bf16") && amx_check();   // its fill: VCVTNE2PS2BF16
 #endif
     return slot == kFallback;
 #elif defined(__aarch64__)
