@@ -19,19 +19,11 @@
 // The kernels are the plan's own (function pointers of this library, the same handles), called in the plan's
 // order with the plan's pointers, so a push gives the bits the Python executor gave: predict's bits.
 //
-// Prepare ahead of the tick, three ways, handed over as in cpu_stream.cpp: the caller's edgehft_chain_prepare,
-// a helper thread (edgehft_chain_start_helper, pinned to a core) that prepares right after each push, or the
-// push itself when its window is not prepared ("late", counted with its cost). One atomic word:
-//   state = window id << 2 | tag, tag NONE (after reset) | REQ (push asked for window id) | RUN (a thread is
-//   preparing it) | DONE (prepared); window id = the rows pushed before the row that completes it.
-// Whoever moves state to RUN with a compare-exchange prepares; nobody else touches the buffers, the kernels'
-// state, base or `computed` until it stores DONE (release; push reads them after an acquire load that sees
-// DONE). Push's stores (its rows, its kernels' outputs, the LSTM state) happen before its seq_cst store of REQ,
-// which the helper reads with an acquire compare-exchange before it prepares. The helper spins (pause) for
-// spin_us after its last work, then sleeps on a futex; push wakes it only when it said it sleeps (seq_cst on
-// both sides, as cpu_stream.cpp). Push never takes a lock; it waits only for a prepare of its own window
-// already running on the helper. window() reads the rows of the last pushed window (win_lo), which a prepare
-// running meanwhile never writes (a move copies them to rows 0 .. T-1, which lie below them).
+// Prepare ahead of the tick, three ways (the caller's edgehft_chain_prepare, a helper thread pinned to a core
+// started by edgehft_chain_start_helper, or the late push itself), handed over by cpu_handoff.h's state word
+// (window id = the rows pushed before the row that completes it). What a prepare writes: the buffers, the
+// kernels' state, base and `computed`. window() reads the rows of the last pushed window (win_lo), which a
+// prepare running meanwhile never writes (a move copies them to rows 0 .. T-1, which lie below them).
 //
 // No allocation after create (the conv kernels' per-thread scratch grows on a thread's first call); one pushing
 // thread at a time (the caller serialises push, prepare, reset, window).
@@ -45,13 +37,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__linux__)
-#include <linux/futex.h>
-#include <pthread.h>
-#include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include "cpu_handoff.h"
 
 // cpu_lstm.cpp's steps of a single-layer projected net (the same library).
 extern "C" int edgehft_lstm_steps(void* p, const float* g, int ldg, int s0, int n, float* h_out);
@@ -78,9 +64,7 @@ struct Spec {
 };
 
 enum Phase { kCold = 0, kPrepare = 1, kCritical = 2 };
-enum Tag : uint64_t { kNone = 0, kReq = 1, kRun = 2, kDone = 3 };
-inline uint64_t word(uint64_t id, uint64_t tag) { return id << 2 | tag; }
-inline uint64_t tag_of(uint64_t w) { return w & 3; }
+using namespace handoff;     // the prepare handoff (cpu_handoff.h)
 
 struct Src { const char* addr; size_t row_bytes; int64_t lo; };
 struct Call {
@@ -90,24 +74,7 @@ struct Call {
 struct Buf { char* addr; size_t row_bytes; };
 struct Head { KernelFn fn; void* h; const void* x; float* y; };
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield" ::: "memory");
-#endif
-}
-
-inline uint64_t now_ns() {
-    return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-struct Counters {                                     // written by the pushing thread
-    uint64_t pushes = 0, outputs = 0, ahead = 0, late = 0, late_waited = 0, late_ns = 0, bad_rows = 0;
-};
-
-struct Program {
+struct Program : Handoff {
     int64_t T = 0, cap = 0, P = 0, S = 0, row_n = 0;
     const float* row = nullptr;
     char* in = nullptr;
@@ -121,19 +88,11 @@ struct Program {
     std::vector<const void*> ptrs;
     std::vector<Buf> bufs;
     std::vector<Head> head;
-    // the executor's state: count and win_lo are the pushing thread's; base, computed and prep_ok the preparer's
-    // (handed over by `state`)
-    uint64_t count = 0;                               // rows since create / reset
+    // the executor's state: count (Handoff's) and win_lo are the pushing thread's; base, computed and prep_ok the
+    // preparer's (handed over by `state`)
     int64_t base = 0, win_lo = 0;                     // window row 0 in buffer rows; the last pushed window's
     bool computed = false, prep_ok = true;            // a window was pushed since the last prepare; its kernels ran
-    std::atomic<uint64_t> state{0};
-    Counters n;
-    std::atomic<uint64_t> prepares{0}, prepare_ns{0}, prepare_ns_last{0}, moves{0}, kernel_errors{0};
-    // the helper thread
-    std::thread helper;
-    bool helper_on = false;
-    int spin_us = 0;
-    std::atomic<int> stop{0}, sleeping{0}, wake{0}, pinned{0};   // pinned: 0 pending, 1 ok, -1 core refused
+    std::atomic<uint64_t> moves{0}, kernel_errors{0};
 };
 
 // One phase's calls with window row 0 at buffer row `base`. Returns whether every kernel returned 0.
@@ -171,109 +130,7 @@ void prepare_window(Program* s, uint64_t id) {
     if (!ok) s->kernel_errors.fetch_add(1, std::memory_order_relaxed);
     s->prep_ok = ok;
     s->computed = false;
-    const uint64_t dt = now_ns() - t0;
-    s->prepares.fetch_add(1, std::memory_order_relaxed);
-    s->prepare_ns.fetch_add(dt, std::memory_order_relaxed);
-    s->prepare_ns_last.store(dt, std::memory_order_relaxed);
-}
-
-// Make window `id` prepared: claim it (any state but RUN -> RUN) and prepare it here, or wait for the thread
-// that is preparing it. Returns whether this call waited on another thread.
-bool claim_and_prepare(Program* s, uint64_t id) {
-    bool waited = false;
-    for (;;) {
-        uint64_t st = s->state.load(std::memory_order_acquire);
-        if (st == word(id, kDone)) return waited;
-        if (tag_of(st) == kRun) {
-            waited = true;
-            cpu_relax();
-            continue;
-        }
-        if (s->state.compare_exchange_strong(st, word(id, kRun), std::memory_order_acq_rel,
-                                             std::memory_order_acquire)) {
-            prepare_window(s, id);
-            s->state.store(word(id, kDone), std::memory_order_release);
-            return waited;
-        }
-    }
-}
-
-#if defined(__linux__)
-void futex_wait(std::atomic<int>* a, int seen) {
-    syscall(SYS_futex, reinterpret_cast<int*>(a), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
-}
-void futex_wake(std::atomic<int>* a) {
-    syscall(SYS_futex, reinterpret_cast<int*>(a), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
-}
-#else
-void futex_wait(std::atomic<int>*, int) { std::this_thread::sleep_for(std::chrono::microseconds(50)); }
-void futex_wake(std::atomic<int>*) {}
-#endif
-
-// After a push: ask for window `id` to be prepared; wake the helper if it sleeps.
-void request(Program* s, uint64_t id) {
-    s->state.store(word(id, kReq), std::memory_order_seq_cst);
-    if (s->helper_on && s->sleeping.load(std::memory_order_seq_cst)) {
-        s->wake.fetch_add(1, std::memory_order_seq_cst);
-        futex_wake(&s->wake);
-    }
-}
-
-// Pin the calling thread to `core` (< 0: not pinned); tells start_helper through `pinned`. Returns whether it may
-// go on.
-bool pin_helper(Program* s, int core) {
-#if defined(__linux__)
-    if (core >= CPU_SETSIZE) {
-        s->pinned.store(-1, std::memory_order_seq_cst);
-        return false;
-    }
-    if (core >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(core, &set);
-        const int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-        s->pinned.store(rc == 0 ? 1 : -1, std::memory_order_seq_cst);
-        return rc == 0;
-    }
-    s->pinned.store(1, std::memory_order_seq_cst);
-    return true;
-#else
-    s->pinned.store(core >= 0 ? -1 : 1, std::memory_order_seq_cst);     // no pinning here
-    return core < 0;
-#endif
-}
-
-// The helper thread: prepare each requested window; spin spin_us after the last one, then sleep until woken.
-void helper_main(Program* s, int core) {
-    if (!pin_helper(s, core)) return;
-    uint64_t last_work = now_ns(), spins = 0;
-    while (!s->stop.load(std::memory_order_acquire)) {
-        uint64_t st = s->state.load(std::memory_order_acquire);
-        if (tag_of(st) == kReq && s->state.compare_exchange_strong(st, word(st >> 2, kRun), std::memory_order_acq_rel,
-                                                                   std::memory_order_acquire)) {
-            prepare_window(s, st >> 2);
-            s->state.store(word(st >> 2, kDone), std::memory_order_release);
-            last_work = now_ns();
-            continue;
-        }
-        cpu_relax();
-        if (++spins % 256 || now_ns() - last_work < (uint64_t)s->spin_us * 1000) continue;
-        const int seen = s->wake.load(std::memory_order_seq_cst);
-        s->sleeping.store(1, std::memory_order_seq_cst);
-        st = s->state.load(std::memory_order_seq_cst);
-        if (tag_of(st) != kReq && !s->stop.load(std::memory_order_seq_cst)) futex_wait(&s->wake, seen);
-        s->sleeping.store(0, std::memory_order_seq_cst);
-        last_work = now_ns();
-    }
-}
-
-void stop_helper(Program* s) {
-    if (!s->helper_on) return;
-    s->stop.store(1, std::memory_order_seq_cst);
-    s->wake.fetch_add(1, std::memory_order_seq_cst);
-    futex_wake(&s->wake);
-    s->helper.join();
-    s->helper_on = false;
+    record_prepare(s, now_ns() - t0);
 }
 
 bool finite_row(const float* x, int64_t n) {
@@ -427,15 +284,7 @@ int edgehft_chain_prepare(void* p) {
 // Forget every row (a prepare running on the helper finishes first). Counters are kept.
 void edgehft_chain_reset(void* p) {
     Program* s = static_cast<Program*>(p);
-    for (;;) {
-        uint64_t st = s->state.load(std::memory_order_acquire);
-        if (tag_of(st) == kRun) {
-            cpu_relax();
-            continue;
-        }
-        if (s->state.compare_exchange_strong(st, word(0, kNone), std::memory_order_acq_rel)) break;
-    }
-    s->count = 0;
+    reset_state(s);
     s->base = 0;
     s->win_lo = 0;
     s->computed = false;
@@ -449,24 +298,7 @@ uint64_t edgehft_chain_rows(void* p) { return static_cast<Program*>(p)->count; }
 // until the next push). Returns 0; -1 when it already runs; -2 when no thread can be started; -3 when the core is
 // refused (not one this process may run on; no thread is left running then).
 int edgehft_chain_start_helper(void* p, int core, int spin_us) {
-    Program* s = static_cast<Program*>(p);
-    if (s->helper_on) return -1;
-    s->spin_us = spin_us < 0 ? 0 : spin_us;
-    s->stop.store(0);
-    s->pinned.store(0);
-    try {
-        s->helper = std::thread(helper_main, s, core);
-    } catch (...) {
-        return -2;
-    }
-    int pinned;
-    while ((pinned = s->pinned.load(std::memory_order_seq_cst)) == 0) std::this_thread::yield();
-    if (pinned < 0) {
-        s->helper.join();
-        return -3;
-    }
-    s->helper_on = true;
-    return 0;
+    return start_helper(static_cast<Program*>(p), core, spin_us);
 }
 
 // out[0..14): pushes (every call, refused rows too), outputs, prepared ahead, prepared late, late pushes that
@@ -474,12 +306,9 @@ int edgehft_chain_start_helper(void* p, int core, int spin_us) {
 // prepare, rows since reset, rows refused (not finite), whether the helper runs, window moves, kernel failures.
 void edgehft_chain_counters(void* p, uint64_t* out) {
     const Program* s = static_cast<Program*>(p);
-    const uint64_t v[14] = {s->n.pushes, s->n.outputs, s->n.ahead, s->n.late, s->n.late_waited, s->n.late_ns,
-                            s->prepares.load(std::memory_order_relaxed), s->prepare_ns.load(std::memory_order_relaxed),
-                            s->prepare_ns_last.load(std::memory_order_relaxed), s->count, s->n.bad_rows,
-                            (uint64_t)s->helper_on, s->moves.load(std::memory_order_relaxed),
-                            s->kernel_errors.load(std::memory_order_relaxed)};
-    memcpy(out, v, sizeof(v));
+    common_counters(s, out);
+    out[12] = s->moves.load(std::memory_order_relaxed);
+    out[13] = s->kernel_errors.load(std::memory_order_relaxed);
 }
 
 // The rows of the current window, oldest first, into out (min(rows, T) x row_floats); returns how many.

@@ -351,8 +351,8 @@ void fill(const Conv* k, const float* x, T* base, void (*round)(const float*, T*
 }
 
 #ifdef EDGEHFT_AMX
-// y = bf16(x), the bits RoundBf16 gives for every normal, zero, infinite or NaN x (round to nearest even,
-// clamped to +-kBf16Max first, NaN kept), 32 values per VCVTNE2PS2BF16 (AVX512_BF16, which every AMX CPU has).
+// y = bf16(x), the bits RoundBf16 gives for every normal, zero or infinite x (round to nearest even, clamped to
+// +-kBf16Max first; a NaN stays a NaN), 32 values per VCVTNE2PS2BF16 (AVX512_BF16, which every AMX CPU has).
 // A subnormal x becomes zero here where RoundBf16 keeps a subnormal bf16: the AMX and VDPBF16PS paths, the only
 // users, treat subnormal bf16 operands as zero anyway (the instructions' DAZ), so their outputs are the same.
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void round_bf16_cvt(const float* x, uint16_t* y, size_t n) {
@@ -372,9 +372,9 @@ struct TileConfig {
     uint8_t rows[16];
 };
 
-// Output pixels [p0, p1) from a block scratch (acc, row p at acc + (p - p0) * NB * 16): act(acc + bias) to out as fp32 (the epilogue), or, in a linked
-// run, rounded to bf16 (round_bf16_cvt: the bits the next conv's own fill would give) straight into the padded
-// input buffer of the next conv (its pixel (oy, ox) at padded row ph + oy, column pw + ox).
+// Output pixels [p0, p1) from a block scratch (row p at acc + (p - p0) * NB * 16): act(acc + bias) to out as
+// fp32 (the epilogue), or, in a linked run, rounded to bf16 (round_bf16_cvt: the bits the next conv's own fill
+// would give) straight into the next conv's padded input buffer (pixel (oy, ox) at row ph + oy, column pw + ox).
 void emit(Conv* k, const float* acc, float* out, int p0, int p1) {
     const int ld = k->NB * 16;
     Conv* n = k->next;

@@ -23,19 +23,11 @@
 // XNNPACK's f32 GEMM "broadcast" micro-kernels, which run a LiteRT FULLY_CONNECTED with one row; the Python
 // side (edgehft.streaming.stream) checks it against the plan's own LiteRT head before using it.
 //
-// Prepare ahead of the tick, three ways: the caller's edgehft_stream_prepare (when idle), a helper thread
-// (edgehft_stream_start_helper) that prepares right after each push, or push itself when a tick finds its
-// window not prepared ("late", counted with its cost). One atomic word says whose turn it is:
-//   state = window id << 2 | tag, tag NONE (after reset) | REQ (push asked for window id) | RUN (a thread is
-//   preparing it) | DONE (prepared).
-// Whoever moves state to RUN with a compare-exchange prepares; nobody else touches the layer buffers until it
-// stores DONE. Memory ordering: the preparer's stores of seq/c/G happen before its release store of DONE, and
-// push reads them after an acquire load that sees DONE; push's stores (ring, P, the buffers of its critical
-// step) happen before its store of REQ (seq_cst, so also release), which the helper reads with an acquire
-// compare-exchange before it prepares. The helper spins (pause) for spin_us after its last work, then sleeps on
-// a futex; push wakes it only when it said it sleeps (a seq_cst store of `sleeping`, then a seq_cst load of
-// state on its side, against push's seq_cst store of state then load of `sleeping`: one of them sees the other).
-// Push never takes a lock; it waits only for a prepare of its own window already running on the helper.
+// Prepare ahead of the tick, three ways (the caller's edgehft_stream_prepare when idle, a helper thread started by
+// edgehft_stream_start_helper that prepares right after each push, or the late push itself), handed over by
+// cpu_handoff.h's state word: nobody else touches the layer buffers while a prepare runs. The preparer's stores
+// of seq/c/G/R happen before its release store of DONE; push's stores (ring, P, the buffers of its critical
+// step) before its store of REQ.
 //
 // No allocation after create; one pushing thread at a time (the caller serialises push, prepare and reset).
 #include "cpu_dispatch.h"
@@ -58,15 +50,8 @@
 #include <new>
 #include <thread>
 
+#include "cpu_handoff.h"
 #include "cpu_lstm.h"
-
-#if defined(__linux__)
-#include <linux/futex.h>
-#include <pthread.h>
-#include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace edgehft {
 namespace stream {
@@ -115,24 +100,9 @@ namespace {
 
 const stream::Fns* const kHeadTable[kSlots] = EDGEHFT_SLOT_TABLE(kStreamFns);
 
-enum Tag : uint64_t { kNone = 0, kReq = 1, kRun = 2, kDone = 3 };
-inline uint64_t word(uint64_t id, uint64_t tag) { return id << 2 | tag; }
-inline uint64_t tag_of(uint64_t w) { return w & 3; }
+using namespace handoff;     // the prepare handoff (cpu_handoff.h)
 
 enum Out { kHeadOut = 0, kLastH = 1, kSequence = 2 };
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield" ::: "memory");
-#endif
-}
-
-inline uint64_t now_ns() {
-    return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 struct Layer {
     int in = 0, H = 0, Hp = 0, Np = 0;                // Hp = 16*ceil(H/16), Np = 16*ceil(4H/16) (as cpu_lstm.cpp)
@@ -142,25 +112,12 @@ struct Layer {
     float* R = nullptr;                               // [Np]: step T-1's recurrent sum h_{T-2} @ U, from prepare
 };
 
-struct Counters {                                     // written by the pushing thread
-    uint64_t pushes = 0, outputs = 0, ahead = 0, late = 0, late_waited = 0, late_ns = 0, bad_rows = 0;
-};
-
-struct Stream {
+struct Stream : Handoff {
     int T = 0, in0 = 0, nl = 0, slot = 0, M = 0, Mp = 0, out_mode = 0;
     const lstm::Fns* fn = nullptr;
     const stream::Fns* hf = nullptr;
     Layer* L = nullptr;
     float *ring = nullptr, *P = nullptr, *zp = nullptr, *zc = nullptr, *Wt = nullptr, *hb = nullptr, *hout = nullptr;
-    uint64_t count = 0;                               // rows since create / reset (the pushing thread's)
-    std::atomic<uint64_t> state{0};
-    Counters n;
-    std::atomic<uint64_t> prepares{0}, prepare_ns{0}, prepare_ns_last{0};
-    // the helper thread
-    std::thread helper;
-    bool helper_on = false;
-    int spin_us = 0;
-    std::atomic<int> stop{0}, sleeping{0}, wake{0}, pinned{0};   // pinned: 0 pending, 1 ok, -1 core refused
 };
 
 void destroy(Stream* s);
@@ -205,103 +162,7 @@ void prepare_window(Stream* s, uint64_t id) {
         }
         if (n > 0) s->fn->recurrent(y.seq + (size_t)(n - 1) * y.Hp, y.H, y.Np, y.U, y.R);   // step T-1's h @ U
     }
-    const uint64_t dt = now_ns() - t_start;
-    s->prepares.fetch_add(1, std::memory_order_relaxed);
-    s->prepare_ns.fetch_add(dt, std::memory_order_relaxed);
-    s->prepare_ns_last.store(dt, std::memory_order_relaxed);
-}
-
-// Make window `id` prepared: claim it (any state but RUN -> RUN) and prepare it here, or wait for the
-// thread that is preparing it. Returns whether this call waited on another thread.
-bool claim_and_prepare(Stream* s, uint64_t id) {
-    bool waited = false;
-    for (;;) {
-        uint64_t st = s->state.load(std::memory_order_acquire);
-        if (st == word(id, kDone)) return waited;
-        if (tag_of(st) == kRun) {
-            waited = true;
-            cpu_relax();
-            continue;
-        }
-        if (s->state.compare_exchange_strong(st, word(id, kRun), std::memory_order_acq_rel,
-                                             std::memory_order_acquire)) {
-            prepare_window(s, id);
-            s->state.store(word(id, kDone), std::memory_order_release);
-            return waited;
-        }
-    }
-}
-
-#if defined(__linux__)
-void futex_wait(std::atomic<int>* a, int seen) {
-    syscall(SYS_futex, reinterpret_cast<int*>(a), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
-}
-void futex_wake(std::atomic<int>* a) {
-    syscall(SYS_futex, reinterpret_cast<int*>(a), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
-}
-#else
-void futex_wait(std::atomic<int>*, int) { std::this_thread::sleep_for(std::chrono::microseconds(50)); }
-void futex_wake(std::atomic<int>*) {}
-#endif
-
-// After a push: ask for window `id` to be prepared; wake the helper if it sleeps.
-void request(Stream* s, uint64_t id) {
-    s->state.store(word(id, kReq), std::memory_order_seq_cst);
-    if (s->helper_on && s->sleeping.load(std::memory_order_seq_cst)) {
-        s->wake.fetch_add(1, std::memory_order_seq_cst);
-        futex_wake(&s->wake);
-    }
-}
-
-// The helper thread: prepare each requested window; spin spin_us after the last one, then sleep until woken.
-void helper_main(Stream* s, int core) {
-#if defined(__linux__)
-    if (core >= CPU_SETSIZE) {
-        s->pinned.store(-1, std::memory_order_seq_cst);
-        return;
-    }
-    if (core >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(core, &set);
-        const int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-        s->pinned.store(rc == 0 ? 1 : -1, std::memory_order_seq_cst);
-        if (rc != 0) return;
-    } else {
-        s->pinned.store(1, std::memory_order_seq_cst);
-    }
-#else
-    s->pinned.store(core >= 0 ? -1 : 1, std::memory_order_seq_cst);     // no pinning here
-    if (core >= 0) return;
-#endif
-    uint64_t last_work = now_ns(), spins = 0;
-    while (!s->stop.load(std::memory_order_acquire)) {
-        uint64_t st = s->state.load(std::memory_order_acquire);
-        if (tag_of(st) == kReq && s->state.compare_exchange_strong(st, word(st >> 2, kRun), std::memory_order_acq_rel,
-                                                                   std::memory_order_acquire)) {
-            prepare_window(s, st >> 2);
-            s->state.store(word(st >> 2, kDone), std::memory_order_release);
-            last_work = now_ns();
-            continue;
-        }
-        cpu_relax();
-        if (++spins % 256 || now_ns() - last_work < (uint64_t)s->spin_us * 1000) continue;
-        const int seen = s->wake.load(std::memory_order_seq_cst);
-        s->sleeping.store(1, std::memory_order_seq_cst);
-        st = s->state.load(std::memory_order_seq_cst);
-        if (tag_of(st) != kReq && !s->stop.load(std::memory_order_seq_cst)) futex_wait(&s->wake, seen);
-        s->sleeping.store(0, std::memory_order_seq_cst);
-        last_work = now_ns();
-    }
-}
-
-void stop_helper(Stream* s) {
-    if (!s->helper_on) return;
-    s->stop.store(1, std::memory_order_seq_cst);
-    s->wake.fetch_add(1, std::memory_order_seq_cst);
-    futex_wake(&s->wake);
-    s->helper.join();
-    s->helper_on = false;
+    record_prepare(s, now_ns() - t_start);
 }
 
 void destroy(Stream* s) {
@@ -445,16 +306,7 @@ int edgehft_stream_prepare(void* p) {
 
 // Forget every row (a prepare running on the helper finishes first). Counters are kept.
 void edgehft_stream_reset(void* p) {
-    Stream* s = static_cast<Stream*>(p);
-    for (;;) {
-        uint64_t st = s->state.load(std::memory_order_acquire);
-        if (tag_of(st) == kRun) {
-            cpu_relax();
-            continue;
-        }
-        if (s->state.compare_exchange_strong(st, word(0, kNone), std::memory_order_acq_rel)) break;
-    }
-    s->count = 0;
+    reset_state(static_cast<Stream*>(p));
 }
 
 // Rows since create / reset.
@@ -464,36 +316,14 @@ uint64_t edgehft_stream_rows(void* p) { return static_cast<Stream*>(p)->count; }
 // sleeps until the next push). Returns 0; -1 when it already runs; -2 when no thread can be started; -3 when the
 // core is refused (not one this process may run on; no thread is left running then).
 int edgehft_stream_start_helper(void* p, int core, int spin_us) {
-    Stream* s = static_cast<Stream*>(p);
-    if (s->helper_on) return -1;
-    s->spin_us = spin_us < 0 ? 0 : spin_us;
-    s->stop.store(0);
-    s->pinned.store(0);
-    try {
-        s->helper = std::thread(helper_main, s, core);
-    } catch (...) {
-        return -2;
-    }
-    int pinned;
-    while ((pinned = s->pinned.load(std::memory_order_seq_cst)) == 0) std::this_thread::yield();
-    if (pinned < 0) {
-        s->helper.join();
-        return -3;
-    }
-    s->helper_on = true;
-    return 0;
+    return start_helper(static_cast<Stream*>(p), core, spin_us);
 }
 
 // out[0..12): pushes, outputs, prepared ahead, prepared late, late pushes that waited on the helper, ns spent
 // by late pushes on prepare, windows prepared, ns in prepare in all, ns of the last prepare, rows since reset,
 // rows refused (not finite), whether the helper runs.
 void edgehft_stream_counters(void* p, uint64_t* out) {
-    const Stream* s = static_cast<Stream*>(p);
-    const uint64_t v[12] = {s->n.pushes, s->n.outputs, s->n.ahead, s->n.late, s->n.late_waited, s->n.late_ns,
-                            s->prepares.load(std::memory_order_relaxed), s->prepare_ns.load(std::memory_order_relaxed),
-                            s->prepare_ns_last.load(std::memory_order_relaxed), s->count, s->n.bad_rows,
-                            (uint64_t)s->helper_on};
-    memcpy(out, v, sizeof(v));
+    common_counters(static_cast<Stream*>(p), out);
 }
 
 // The head alone on h (H_last floats) into out (M floats), exactly as push computes it (to check it against the
