@@ -300,3 +300,45 @@ def print_profile(res: dict, console, top: int = 0) -> None:
                   + ("op-by-op chain reproduces the whole model's outputs exactly"
                      if res["chain_max_abs_diff"] == 0 else
                      f"op-by-op chain vs whole model: max |diff| {res['chain_max_abs_diff']:.3g}"))
+
+
+def profile_stream(stream, rows, window: int, ticks: int = 2000) -> dict:
+    """Op by op, the streaming runtime's split (``bench --streaming --profile``): after the latency replay, the
+    stream's own timing turned on (:meth:`edgehft.streaming.stream.Stream.profile`: a clock read around each
+    kernel call inside the native push and prepare; a stream still warming up gets its first rows untimed),
+    ``ticks`` more rows pushed with an inline prepare after
+    each (cycling over ``rows[window - 1:]``), then off again. Returns ``{"ticks", "ops": [...]}`` with the
+    stream's :meth:`~edgehft.streaming.stream.Stream.profile_ops` rows (µs per tick, mean) and per phase the
+    sum (``prepare_us``, ``critical_us``).
+
+    Raises:
+        InputError: a stream whose prepare runs on its helper thread."""
+    feed = rows[window - 1:] if len(rows) >= window else rows
+    for i in range(max(0, window - 1 - stream.rows)):        # a stream still warming up: fill its window first
+        stream.push(rows[i % len(rows)])
+        stream.prepare()
+    stream.profile(True)
+    try:
+        for i in range(ticks):
+            stream.push(feed[i % len(feed)])
+            stream.prepare()
+        ops = stream.profile_ops()
+    finally:
+        stream.profile(False)
+    return {"ticks": int(ticks), "ops": ops,
+            "prepare_us": sum(o["us_per_tick"] for o in ops if o["phase"] == "prepare"),
+            "critical_us": sum(o["us_per_tick"] for o in ops if o["phase"] == "critical")}
+
+
+def print_stream_profile(prof: dict, console) -> None:
+    """The streaming split as a table: phase, op, mean µs per tick, share of its phase."""
+    from rich.table import Table
+    t = Table(title=f"streaming, op by op ({prof['ticks']} ticks, mean µs per tick; clock reads inside the "
+                    "native push/prepare)", title_justify="left")
+    for c in ("phase", "op", "µs", "share"):
+        t.add_column(c, justify="right" if c in ("µs", "share") else "left")
+    for o in prof["ops"]:
+        t.add_row(o["phase"], o["op"], f"{o['us_per_tick']:.2f}", f"{o['share']:.1%}")
+    console.print(t)
+    console.print(f"critical path {prof['critical_us']:.1f} µs per tick, prepare {prof['prepare_us']:.1f} µs per "
+                  "tick (sums of the ops; push's own entry, row copy and ctypes call are outside)", highlight=False)

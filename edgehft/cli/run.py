@@ -92,7 +92,8 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency histogram PNG.")
 @click.option("--profile", is_flag=True,
               help="Time per op (per step for partitioned boards) instead of replaying: each op alone and the "
-                   "whole model, interleaved; --samples rounds (default 200); without --ticks, the golden inputs.")
+                   "whole model, interleaved; --samples rounds (default 200); without --ticks, the golden inputs. "
+                   "With --streaming: after the replay, the critical path and the prepare split op by op.")
 @click.option("--top", default=0, type=click.IntRange(min=0), help="--profile: show only the N slowest ops.")
 @click.option("--streaming", is_flag=True,
               help="Feed the ticks one row at a time through runner.stream() (cpu native LSTM and native-bf16 plans): tick-to-signal "
@@ -131,13 +132,11 @@ def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_s
         return _bench_batch(bundle, ticks, run_features, _batch_sizes(batch),
                             (board, threads, affinity, emulate, device, overlay, as_json))
     if streaming:
-        if profile:
-            raise click.UsageError("--profile times the plan op by op; it has no --streaming split yet: drop one")
         if not ticks:
             raise click.UsageError("give --ticks FILE")
         return _bench_streaming(bundle, ticks, run_features, dict(mode=mode, warmup=warmup, samples=samples or None,
                                 speed=speed, burst_size=burst_size, burst_gap_us=burst_gap_us), plot,
-                                (board, threads, affinity, emulate, device, overlay, as_json))
+                                (board, threads, affinity, emulate, device, overlay, as_json), profile)
     if profile:
         return _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate,
                         device, overlay, as_json)
@@ -245,8 +244,9 @@ def _bench_soak(bundle, ticks, run_features, mode, warmup, speed, soak, swap_eve
     out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']})", highlight=False)
 
 
-def _bench_streaming(bundle, ticks, run_features, replay_kw: dict, plot, runner_args) -> None:
-    """``bench --streaming``: the windows' rows through ``runner.stream()`` (:func:`edgehft.bench.replay.replay_stream`).
+def _bench_streaming(bundle, ticks, run_features, replay_kw: dict, plot, runner_args, profile: bool = False) -> None:
+    """``bench --streaming``: the windows' rows through ``runner.stream()`` (:func:`edgehft.bench.replay.replay_stream`);
+    with ``profile``, then the op-by-op split of push and prepare (:func:`edgehft.bench.profile.profile_stream`).
 
     Raises:
         InputError: a runner without a streaming runtime, or a model/plan it does not stream (the reason)."""
@@ -267,6 +267,9 @@ def _bench_streaming(bundle, ticks, run_features, replay_kw: dict, plot, runner_
                       "windows_slide": sliding, **res.summary(), "budget_us": dict(r.board_spec.latency_budget_us),
                       "speed": replay_kw["speed"] if replay_kw["mode"] == "recorded" else None,
                       "fingerprint": machine_fingerprint()}
+            if profile:
+                from edgehft.bench.profile import profile_stream
+                report["profile"] = profile_stream(s, rows, int(r.bundle.manifest.inputs[0].shape[1]))
     if plot:
         histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, stream push, replay "
                                  f"{replay_kw['mode']}, {len(res.latency_ns)} ticks")
@@ -275,6 +278,9 @@ def _bench_streaming(bundle, ticks, run_features, replay_kw: dict, plot, runner_
         click.echo(json.dumps(report))
         return
     print_stream_bench(report)
+    if profile:
+        from edgehft.bench.profile import print_stream_profile
+        print_stream_profile(report["profile"], out)
 
 
 def print_stream_bench(report: dict) -> None:

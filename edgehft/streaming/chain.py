@@ -107,6 +107,7 @@ class Plan:
     lstm_input: str = ""
     lstm_prepared: int = 0
     head: list = field(default_factory=list)
+    head_ops: list = field(default_factory=list)                      # (kind, ops) per head call
     output: np.ndarray | None = None
     h_last: np.ndarray | None = None
     kernels: list = field(default_factory=list)
@@ -357,6 +358,7 @@ def _head(plan: Plan, st: dict, root, whole: dict, lstm_out: str) -> None:
                       f"{list(k.input_shape)}")
     plan.kernels.append(k)
     plan.head.append((k._run, k._h, whole[src].ctypes.data, k.out.ctypes.data))
+    plan.head_ops.append((kind, tuple(st.get("ops") or [st["op"]])))
     whole[dst] = k.out
 
 
@@ -476,6 +478,27 @@ class ChainExecutor:
         on them). False while fewer than T - 1 rows were pushed (nothing to prepare), else True (also when it
         was already prepared)."""
         return self._prog.prepare()
+
+    def profile(self, on: bool = True) -> None:
+        """Op-by-op timing of prepare and push on (zeroed) or off (off by default: no clock on the hot path)."""
+        self._prog.profile(on)
+
+    def profile_ops(self) -> list[dict]:
+        """Per call of the prepare and critical phases (step kind, graph ops, output rows), the LSTM's steps in
+        each, and the head calls: :func:`~edgehft.kernels.cpu.stream.profile_rows`, µs per prepare or push since
+        :meth:`profile` turned on (the cold calls after a reset are not timed; empty while it is off)."""
+        from edgehft.kernels.cpu.stream import profile_rows
+        p = self.plan
+        S, P = p.lstm.timesteps, p.lstm_prepared
+
+        def call(kind, ops, a, b):
+            return f"{kind} (op {', '.join(str(o) for o in ops)}) rows {a}-{b - 1}"
+        labels = [("prepare", call(*c)) for c in p.call_ops["prepare"]]
+        labels.append(("prepare", f"LSTM steps 0-{P - 1}" if P else "LSTM (no step before the tick)"))
+        labels += [("critical", call(*c)) for c in p.call_ops["critical"]]
+        labels.append(("critical", f"LSTM steps {P}-{S - 1}"))
+        labels += [("critical", f"{kind} (op {', '.join(str(o) for o in ops)})") for kind, ops in p.head_ops]
+        return profile_rows(labels, *self._prog.profile_counts(len(labels)))
 
     def counters(self) -> dict:
         """The counters :class:`~edgehft.kernels.cpu.stream.NativeStream` keeps (``helper``: 1 while the helper

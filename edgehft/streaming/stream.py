@@ -426,6 +426,22 @@ class Stream:
                 "prepare_us_mean": c["prepare_ns_total"] / 1e3 / n if n else 0.0,
                 "prepare_us_last": c["prepare_ns_last"] / 1e3, "bad_rows": c["bad_rows"]}
 
+    def profile(self, on: bool = True) -> None:
+        """Op-by-op timing of prepare and push on (zeroed) or off; off by default (no clock read on the hot path).
+        Raises InputError for a stream whose prepare runs on its helper thread (``prepare="thread"``)."""
+        if not self._entry.acquire(False):
+            self._busy()
+        try:
+            self._native.profile(on)
+        finally:
+            self._entry.release()
+
+    def profile_ops(self) -> list[dict]:
+        """Since :meth:`profile` turned on: per op of the prepare and the critical path (``phase``, ``op``,
+        ``us_per_tick``: mean µs per prepare or push, ``share`` of its phase), as the executor runs them. A LiteRT
+        head runs after the native push and is not in it. Empty while profiling is off."""
+        return self._guarded("profile_ops")
+
     def describe(self) -> dict:
         """What the stream runs: mode, core, isa, window, head (native | litert) and its check, the analysis'
         MACs per tick (critical / prepare / whole window)."""

@@ -19,9 +19,11 @@ import time
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from conftest import DEEPLOB, FEED_DAY1
 from edgehft import runtime
+from edgehft.cli import main
 from edgehft.bundle_checks import bundle_windows
 from edgehft.compiler.pipeline import CompileOptions, compile_model
 from edgehft.errors import InputError
@@ -245,3 +247,41 @@ def test_a_native_json_whose_shapes_do_not_fit_is_refused_not_read_past(deeplob_
     with r:
         with pytest.raises(InputError, match="do not fit the kernel input"):
             r.stream()
+
+
+def test_deeplob_profile_splits_the_critical_path_and_the_prepare_per_call(deeplob_bf16, day_rows):
+    """bench --streaming --profile's split: one row per prepare call (its rows), the LSTM's prepared steps, one per
+    critical call, the LSTM's steps on the tick, the head; the critical convs compute the bottom rows and every row
+    was timed (> 0); outputs while profiling equal predict's; the CLI prints the split (and --json has it); a
+    stream whose prepare runs on the helper thread refuses it."""
+    from edgehft.bench.profile import profile_stream
+    rows = day_rows[3000:3000 + T + 60]
+    with runtime.open(deeplob_bf16) as r:
+        with r.stream() as s:
+            prof = profile_stream(s, rows, T, ticks=40)
+            plan = s._native.plan
+            n_pre, n_crit = len(plan.call_ops["prepare"]), len(plan.call_ops["critical"])
+            ops = prof["ops"]
+            assert len(ops) == n_pre + 1 + n_crit + 1 + len(plan.head_ops) and prof["ticks"] == 40
+            assert [o["phase"] for o in ops] == ["prepare"] * (n_pre + 1) + ["critical"] * (n_crit + 1 + 2)
+            assert ops[n_pre]["op"].startswith("LSTM steps 0-") and ops[n_pre + 1 + n_crit]["op"].endswith(f"-{T - 1}")
+            assert ops[n_pre + 1]["op"] == f"conv2d (op 0, 1) rows {T - 1}-{T - 1}"
+            assert [o["op"].split(" ")[0] for o in ops[-2:]] == ["fc", "softmax"]
+            assert all(o["us_per_tick"] > 0 for o in ops), [o for o in ops if not o["us_per_tick"] > 0]
+            assert prof["critical_us"] > 0 and prof["prepare_us"] > 0
+            s.profile(True)
+            for i, row in enumerate(rows):
+                y = s.push(row)
+                s.prepare()
+                if i + 1 >= T:
+                    assert np.array_equal(y, r.predict(rows[i - T + 1:i + 1]))
+            assert len(s.profile_ops()) == len(ops)
+        with r.stream(prepare="thread") as s:
+            with pytest.raises(InputError, match="helper thread"):
+                s.profile(True)
+    res = CliRunner().invoke(main, ["bench", str(deeplob_bf16), "--ticks", str(FEED_DAY1), "--run-features", "--streaming",
+                                    "--profile", "--samples", "30", "--warmup", "5"], terminal_width=80,
+                             env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert "streaming, op by op" in res.output and "LSTM steps" in res.output and "critical path" in res.output
+    assert max(len(line) for line in res.output.splitlines()) <= 80

@@ -268,3 +268,34 @@ def test_bad_weights_are_refused():
         NativeStream(good, 4, output="head")
     with pytest.raises(ShapeError, match="timesteps"):
         NativeStream(good, 0, output="last")
+
+
+def test_profile_splits_prepare_and_push_per_layer_and_changes_no_output():
+    """Op-by-op timing (bench --streaming --profile): off by default; on, each prepare and push adds to one slot
+    per layer's prepare, per layer's last step and the head; a stream profiled gives the same outputs as one not;
+    off again, there is nothing to read; refused while the helper thread runs."""
+    from edgehft.errors import InputError
+    rng = np.random.default_rng(12)
+    T = 9
+    layers = random_layers(rng, 5, (12, 7), (0.0, 3.0))
+    head = (rng.normal(0, 1, (2, 7)).astype(np.float32), None)
+    plain, timed = NativeStream(layers, T, head), NativeStream(layers, T, head)
+    timed.profile(True)
+    rows = rng.normal(0, 1, (T + 20, 5)).astype(np.float32)
+    for r in rows:
+        plain.prepare(), timed.prepare()
+        a, b = plain.push(r), timed.push(r)
+        assert (a is None) == (b is None) and (a is None or np.array_equal(a, b))
+    ops = timed.profile_ops()
+    assert [o["phase"] for o in ops] == ["prepare"] * 2 + ["critical"] * 3
+    assert ops[0]["op"].startswith("LSTM layer 0 (12): steps 0-7") and ops[4]["op"] == "head (FULLY_CONNECTED)"
+    assert all(o["us_per_tick"] > 0 for o in ops)
+    assert abs(sum(o["share"] for o in ops if o["phase"] == "critical") - 1) < 1e-9
+    timed.profile(False)
+    timed.push(rows[0])
+    assert timed.profile_ops() == []                                       # off: no slots, nothing timed
+    assert timed.start_helper() == 0
+    with pytest.raises(InputError, match="helper thread"):
+        timed.profile(True)
+    for s in (plain, timed):
+        s.close()

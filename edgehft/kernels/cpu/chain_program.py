@@ -63,7 +63,8 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
                             ("edgehft_chain_push", i32, [vp]), ("edgehft_chain_prepare", i32, [vp]),
                             ("edgehft_chain_reset", None, [vp]), ("edgehft_chain_rows", u64, [vp]),
                             ("edgehft_chain_start_helper", i32, [vp, i32, i32]),
-                            ("edgehft_chain_counters", None, [vp, vp]), ("edgehft_chain_window", i32, [vp, vp])):
+                            ("edgehft_chain_counters", None, [vp, vp]), ("edgehft_chain_window", i32, [vp, vp]),
+                            ("edgehft_chain_profile", i32, [vp, i32]), ("edgehft_chain_profile_read", i32, [vp, vp, i32])):
         getattr(lib, name).restype = res
         getattr(lib, name).argtypes = args
     lib._edgehft_chain_typed = True
@@ -171,6 +172,17 @@ class ChainProgram:
         ``spin_us`` µs after its last prepare, then sleeps until the next push. Returns 0, or -1 already running,
         -2 no thread could be started, -3 the core was refused."""
         return int(self._lib.edgehft_chain_start_helper(self._h, -1 if core is None else int(core), int(spin_us)))
+
+    def profile(self, on: bool = True) -> None:
+        """Op-by-op timing on (zeroed) or off (:func:`edgehft.kernels.cpu.stream.profile_switch`)."""
+        from edgehft.kernels.cpu.stream import profile_switch
+        profile_switch(self._lib.edgehft_chain_profile, self._h, on)
+
+    def profile_counts(self, nslots: int) -> tuple[int, int, list[int]]:
+        """``(prepares timed, pushes timed, ns per slot)``: one slot per prepare call, the LSTM's prepared steps,
+        one per critical call, the LSTM's steps on the tick, one per head call."""
+        from edgehft.kernels.cpu.stream import profile_counts
+        return profile_counts(self._lib.edgehft_chain_profile_read, self._h, nslots)
 
     def counters(self) -> dict:
         """The program's counters (:data:`COUNTERS`), ints: ns for the ``*_ns*`` ones."""

@@ -95,9 +95,19 @@ struct Program : Handoff {
     std::atomic<uint64_t> moves{0}, kernel_errors{0};
 };
 
+// Profile slots (edgehft_chain_profile): the prepare calls, the LSTM's prepared steps, the critical calls, the
+// LSTM's steps on the tick, the head calls, in that order. The first slot of a phase's calls (cold: none).
+size_t prof_slot(const Program* s, int phase) {
+    const size_t np = s->calls[kPrepare].size(), nc = s->calls[kCritical].size();
+    return phase == kPrepare ? 0 : phase == kCritical ? np + 1 : np + nc + 2;      // kCold -> the head's (unused)
+}
+
 // One phase's calls with window row 0 at buffer row `base`. Returns whether every kernel returned 0.
 bool run_phase(Program* s, int phase, int64_t base) {
     bool ok = true;
+    const bool timed = s->profiling && phase != kCold;
+    size_t slot = prof_slot(s, phase);
+    uint64_t t = prof_start(s);
     for (const Call& c : s->calls[phase]) {
         const void* in;
         if (c.ptrs) {
@@ -107,6 +117,7 @@ bool run_phase(Program* s, int phase, int64_t base) {
             in = c.src[0].addr + (base + c.src[0].lo) * c.src[0].row_bytes;
         }
         ok &= c.fn(c.h, in, reinterpret_cast<float*>(c.out + (base + c.a) * c.out_row_bytes)) == 0;
+        if (timed) prof_lap(s, slot++, t);
     }
     return ok;
 }
@@ -126,7 +137,12 @@ void prepare_window(Program* s, uint64_t id) {
         }
     }
     bool ok = run_phase(s, phase, s->base);
+    uint64_t t = prof_start(s);
     ok &= edgehft_lstm_steps(s->lstm, s->proj + (size_t)s->base * s->proj_ld, s->proj_ld, 0, (int)s->P, nullptr) == 0;
+    if (phase == kPrepare) {
+        prof_lap(s, s->calls[kPrepare].size(), t);
+        s->prof_prepares += s->profiling;
+    }
     if (!ok) s->kernel_errors.fetch_add(1, std::memory_order_relaxed);
     s->prep_ok = ok;
     s->computed = false;
@@ -206,9 +222,16 @@ bool critical(Program* s) {
     const int64_t base = s->base, P = s->P;
     memcpy(s->in + (size_t)(base + s->T - 1) * s->in_rb, s->row, sizeof(float) * (size_t)s->row_n);
     bool ok = run_phase(s, kCritical, base);
+    uint64_t t = prof_start(s);
     ok &= edgehft_lstm_steps(s->lstm, s->proj + (size_t)(base + P) * s->proj_ld, s->proj_ld, (int)P, (int)(s->S - P),
                              s->h_last) == 0;
-    for (const Head& h : s->head) ok &= h.fn(h.h, h.x, h.y) == 0;
+    size_t slot = prof_slot(s, kCritical) + s->calls[kCritical].size();
+    prof_lap(s, slot++, t);
+    for (const Head& h : s->head) {
+        ok &= h.fn(h.h, h.x, h.y) == 0;
+        prof_lap(s, slot++, t);
+    }
+    s->prof_pushes += s->profiling;
     s->win_lo = base;
     return ok;
 }
@@ -289,6 +312,19 @@ void edgehft_chain_reset(void* p) {
     s->win_lo = 0;
     s->computed = false;
     s->prep_ok = true;
+}
+
+// Op-by-op timing (bench --streaming --profile) on (zeroed) or off: one slot per prepare call, the LSTM's prepared
+// steps, one per critical call, the LSTM's steps on the tick, one per head call (the cold calls, run once after a
+// reset, are not timed). Returns 0, -1 while the helper runs, -2 out of memory.
+int edgehft_chain_profile(void* p, int on) {
+    Program* s = static_cast<Program*>(p);
+    return profile_set(s, s->calls[kPrepare].size() + s->calls[kCritical].size() + 2 + s->head.size(), on);
+}
+
+// out[0] prepares timed, out[1] pushes timed, then the slots' ns; returns the number of slots.
+int edgehft_chain_profile_read(void* p, uint64_t* out, int cap) {
+    return profile_get(static_cast<Program*>(p), out, cap);
 }
 
 // Rows since create / reset.

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <thread>
+#include <vector>
 
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -65,7 +66,46 @@ struct Handoff {
     bool helper_on = false;
     int spin_us = 0;
     std::atomic<int> stop{0}, sleeping{0}, wake{0}, pinned{0};   // pinned: 0 pending, 1 ok, -1 core refused
+    // op-by-op timing (bench --streaming --profile), off unless asked for: ns per slot (the executor says what
+    // each slot is), and the prepares and pushes timed. Only with the helper off (prepare on the pushing thread).
+    bool profiling = false;
+    std::vector<uint64_t> prof;
+    uint64_t prof_prepares = 0, prof_pushes = 0;
 };
+
+// A clock reading for prof_lap when profiling, else 0 (no clock read on the hot path).
+inline uint64_t prof_start(const Handoff* s) { return s->profiling ? now_ns() : 0; }
+
+// When profiling: the ns since t to slot `slot`, and t moved on to now.
+inline void prof_lap(Handoff* s, size_t slot, uint64_t& t) {
+    if (!s->profiling) return;
+    const uint64_t n = now_ns();
+    s->prof[slot] += n - t;
+    t = n;
+}
+
+// Profiling on (nslots slots, zeroed) or off. Returns 0; -1 while the helper runs (its prepares would race the
+// slots); -2 out of memory.
+inline int profile_set(Handoff* s, size_t nslots, int on) {
+    if (s->helper_on) return -1;
+    s->profiling = false;
+    try {
+        s->prof.assign(on ? nslots : 0, 0);
+    } catch (...) {
+        return -2;
+    }
+    s->prof_prepares = s->prof_pushes = 0;
+    s->profiling = on != 0;
+    return 0;
+}
+
+// out[0] prepares timed, out[1] pushes timed, out[2 ..] the slots' ns (at most cap - 2 of them). Returns the
+// number of slots.
+inline int profile_get(const Handoff* s, uint64_t* out, int cap) {
+    if (cap >= 2) { out[0] = s->prof_prepares; out[1] = s->prof_pushes; }
+    for (int i = 0; i < (int)s->prof.size() && i + 2 < cap; i++) out[i + 2] = s->prof[i];
+    return (int)s->prof.size();
+}
 
 // A prepare of dt ns done (the counters edgehft_*_counters reports).
 inline void record_prepare(Handoff* s, uint64_t dt) {

@@ -148,6 +148,7 @@ void prepare_window(Stream* s, uint64_t id) {
     if (id + 1 < (uint64_t)T) return;
     const uint64_t t_start = now_ns();
     const uint64_t first = id + 1 - (uint64_t)T;
+    uint64_t t_prof = prof_start(s);
     for (int l = 0; l < s->nl; l++) {
         Layer& y = s->L[l];
         memset(y.c, 0, sizeof(float) * y.Hp);
@@ -161,7 +162,9 @@ void prepare_window(Stream* s, uint64_t id) {
             s->fn->step(g, hprev, y.H, y.Np, y.U, y.c, y.seq + (size_t)t * y.Hp, s->zp, y.clip);
         }
         if (n > 0) s->fn->recurrent(y.seq + (size_t)(n - 1) * y.Hp, y.H, y.Np, y.U, y.R);   // step T-1's h @ U
+        prof_lap(s, (size_t)l, t_prof);                                  // profile slot l: layer l's prepare
     }
+    s->prof_prepares += s->profiling;
     record_prepare(s, now_ns() - t_start);
 }
 
@@ -190,12 +193,14 @@ void critical(Stream* s, uint64_t id, float* out) {
     const int T = s->T;
     const size_t last = (size_t)T - 1, slot = (size_t)(id % (uint64_t)T);
     const float* x = s->ring + slot * s->in0;
+    uint64_t t_prof = prof_start(s);
     for (int l = 0; l < s->nl; l++) {
         Layer& y = s->L[l];
         float* g = l == 0 ? s->P + slot * y.Np : nullptr;
         s->fn->step_in(y.b, x, y.in, y.W, g, T > 1 ? y.R : nullptr, y.H, y.Np, y.c, y.seq + last * y.Hp, s->zc,
                        y.clip);
         x = y.seq + last * y.Hp;
+        prof_lap(s, (size_t)(s->nl + l), t_prof);                        // slot nl + l: layer l's last step
     }
     const Layer& z = s->L[s->nl - 1];
     if (s->out_mode == kHeadOut) {
@@ -206,6 +211,8 @@ void critical(Stream* s, uint64_t id, float* out) {
     } else {
         for (int t = 0; t < T; t++) memcpy(out + (size_t)t * z.H, z.seq + (size_t)t * z.Hp, sizeof(float) * z.H);
     }
+    prof_lap(s, (size_t)(2 * s->nl), t_prof);                            // slot 2 nl: the head (or the copy out)
+    s->prof_pushes += s->profiling;
 }
 
 }  // namespace
@@ -307,6 +314,19 @@ int edgehft_stream_prepare(void* p) {
 // Forget every row (a prepare running on the helper finishes first). Counters are kept.
 void edgehft_stream_reset(void* p) {
     reset_state(static_cast<Stream*>(p));
+}
+
+// Op-by-op timing (bench --streaming --profile) on (zeroed) or off: slots l < nl: layer l's prepare (its steps
+// 0 .. T-2 and step T-1's recurrent sum), nl + l: layer l's last step on the tick, 2 nl: the head. Returns 0, -1
+// while the helper runs, -2 out of memory.
+int edgehft_stream_profile(void* p, int on) {
+    Stream* s = static_cast<Stream*>(p);
+    return profile_set(s, (size_t)(2 * s->nl + 1), on);
+}
+
+// out[0] prepares timed, out[1] pushes timed, then the slots' ns; returns the number of slots.
+int edgehft_stream_profile_read(void* p, uint64_t* out, int cap) {
+    return profile_get(static_cast<Stream*>(p), out, cap);
 }
 
 // Rows since create / reset.

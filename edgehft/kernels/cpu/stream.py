@@ -51,8 +51,48 @@ def load_library(cache_dir=None) -> ctypes.CDLL:
                             ("edgehft_stream_destroy", None, [vp])):
         getattr(lib, name).restype = res
         getattr(lib, name).argtypes = args
+    lib.edgehft_stream_profile.restype = i32
+    lib.edgehft_stream_profile.argtypes = [vp, i32]
+    lib.edgehft_stream_profile_read.restype = i32
+    lib.edgehft_stream_profile_read.argtypes = [vp, vp, i32]
     lib._edgehft_stream_typed = True
     return lib
+
+
+def profile_switch(fn, handle, on: bool) -> None:
+    """Turn an executor's op-by-op timing on (zeroed) or off: ``fn`` is ``edgehft_stream_profile`` or
+    ``edgehft_chain_profile``. Raises ``InputError`` while its helper thread runs (the timing needs the prepare on
+    the pushing thread), ``MemoryError`` when the slots cannot be allocated."""
+    from edgehft.errors import InputError
+    rc = int(fn(handle, int(bool(on))))
+    if rc == -1:
+        raise InputError("op-by-op timing needs the prepare on the pushing thread, and this stream's helper thread "
+                         "runs", hint="open the stream with prepare='inline' to profile it")
+    if rc:
+        raise MemoryError("no memory for the stream's profile slots")
+
+
+def profile_counts(fn, handle, nslots: int) -> tuple[int, int, list[int]]:
+    """``(prepares timed, pushes timed, ns per slot)`` from ``edgehft_stream_profile_read`` or
+    ``edgehft_chain_profile_read`` (``nslots`` the executor's slot count)."""
+    buf = (ctypes.c_uint64 * (nslots + 2))()
+    n = int(fn(handle, buf, nslots + 2))
+    return int(buf[0]), int(buf[1]), [int(v) for v in buf[2:2 + min(n, nslots)]]
+
+
+def profile_rows(labels: list, prepares: int, pushes: int, ns: list[int]) -> list[dict]:
+    """One dict per slot: ``phase`` ("prepare" | "critical"), ``op`` (its label), ``us_per_tick`` (mean µs per
+    prepare or push timed), ``share`` (of its phase's total)."""
+    rows, total = [], {"prepare": 0.0, "critical": 0.0}
+    for (phase, op), v in zip(labels, ns):
+        n = prepares if phase == "prepare" else pushes
+        us = v / 1e3 / n if n else 0.0
+        rows.append({"phase": phase, "op": op, "us_per_tick": us})
+        total[phase] += us
+    for r in rows:
+        t = total[r["phase"]]
+        r["share"] = r["us_per_tick"] / t if t else 0.0
+    return rows
 
 
 def _layers(layers) -> tuple[list, list, list, list, list]:
@@ -184,6 +224,23 @@ class NativeStream:
         if rc == 0:
             self.helper_core = core
         return rc
+
+    def profile(self, on: bool = True) -> None:
+        """Op-by-op timing of prepare and push on (zeroed) or off (:func:`profile_switch`; off by default: no
+        clock is read on the hot path then)."""
+        profile_switch(self._lib.edgehft_stream_profile, self._h, on)
+
+    def profile_ops(self) -> list[dict]:
+        """Per layer its prepare (steps 0..T-2 and step T-1's recurrent sum) and its last step on the tick, then
+        the head (or the copy out): :func:`profile_rows`, µs per prepare or push since :meth:`profile` turned on
+        (empty while it is off)."""
+        nl, T = len(self.hidden), self.timesteps
+        labels = [("prepare", f"LSTM layer {l} ({h}): steps 0-{T - 2} + step {T - 1}'s h @ U")
+                  for l, h in enumerate(self.hidden)]
+        labels += [("critical", f"LSTM layer {l} ({h}): step {T - 1}'s projection + gates")
+                   for l, h in enumerate(self.hidden)]
+        labels.append(("critical", "head (FULLY_CONNECTED)" if self._m is not None else "output copy"))
+        return profile_rows(labels, *profile_counts(self._lib.edgehft_stream_profile_read, self._h, 2 * nl + 1))
 
     def counters(self) -> dict:
         """The executor's counters (:data:`COUNTERS`), ints: ns for the ``*_ns*`` ones."""
