@@ -259,7 +259,7 @@ def bind(chain: Chain, staging_in, staging_out):
     where = arena.plan_buffers(plan, keep)
     pool = arena.allocate(arena.buffer_sizes(plan, keep))
     env = dict(zip(chain.inputs, staging_in))
-    calls, per_step = [], []
+    calls, per_step, keep = [], [], []
     links = conv_links(chain)
     linked_to = set(links.values())
     for idx, ((kind, h), slot) in enumerate(zip(chain.steps, where)):
@@ -288,12 +288,16 @@ def bind(chain: Chain, staging_in, staging_out):
             if any(x.dtype != np.float32 or not x.flags.c_contiguous for x in xs):
                 return None
             y = pool[slot][:out.nbytes].view(out.dtype).reshape(out.shape)
+            x_ptr = k.input_pointer(xs)
+            if len(xs) > 1:          # a pointer array of its own: run_step (the general path) rewrites the kernel's
+                own = (ctypes.c_void_p * len(xs))(*[x.ctypes.data for x in xs])
+                keep.append(own)
+                x_ptr = ctypes.addressof(own)
             if idx in links or idx in linked_to:       # a run of convs without the fp32 tensors between
                 nxt = chain.steps[links[idx]][1][0] if idx in links else None
-                calls.append(k.linked_call(None if idx in linked_to else k.input_pointer(xs), y.ctypes.data, nxt))
+                calls.append(k.linked_call(None if idx in linked_to else x_ptr, y.ctypes.data, nxt))
             else:
-                calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(k.input_pointer(xs)),
-                                               ctypes.c_void_p(y.ctypes.data)))
+                calls.append(functools.partial(k._run, k._h, ctypes.c_void_p(x_ptr), ctypes.c_void_p(y.ctypes.data)))
             env[dst] = y
         per_step.append(calls[-1] if len(calls) > n_calls else None)
     finals = [(buf, env[name].reshape(buf.shape)) for name, buf in zip(chain.outputs, staging_out)]
@@ -305,4 +309,4 @@ def bind(chain: Chain, staging_in, staging_out):
             call()
         for dst, src in finals:
             copy(dst, src)
-    return invoke_bound, pool, per_step
+    return invoke_bound, (pool, keep), per_step

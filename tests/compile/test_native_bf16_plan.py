@@ -208,7 +208,8 @@ def test_profile_times_the_calls_predict_makes(bf16_bundle):
 def test_linked_convs_on_the_hot_path_give_the_unlinked_bits(bf16_bundle, monkeypatch):
     """Where the convs keep bf16 inputs (AMX or AVX512_BF16), predict links the conv+lrelu -> conv+lrelu pair
     (the second reads only the first) and skips the fp32 tensor between them; its outputs are np.array_equal
-    to those of the same bundle opened with nothing linked. On a CPU without either, nothing is linked."""
+    to those of the same bundle opened with nothing linked, also after the general path ran in between. On a CPU
+    without either, nothing is linked."""
     from edgehft.runtime import native_chain
     with runtime.open(bf16_bundle) as r:
         links = native_chain.conv_links(r._chain)
@@ -220,3 +221,12 @@ def test_linked_convs_on_the_hot_path_give_the_unlinked_bits(bf16_bundle, monkey
             for _ in range(5):
                 x = rng.standard_normal(r._in_specs[0].shape).astype(np.float32)
                 assert np.array_equal(r.predict(x), unlinked.predict(x))
+            # the general path (every step on its own tensors, as bench --profile without a bound chain runs it)
+            # on another window between two predicts leaves the hot path's hand-overs alone (the concat's input
+            # pointers included)
+            other = rng.standard_normal(r._in_specs[0].shape).astype(np.float32)
+            want = r.predict(x).copy()
+            np.copyto(r._staging_in[0], other)
+            native_chain.invoke(r._chain, r._staging_in, r._staging_out)
+            assert not np.array_equal(r._staging_out[0], want)
+            assert np.array_equal(r.predict(x), want)
