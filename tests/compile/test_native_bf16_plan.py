@@ -208,15 +208,19 @@ def test_profile_times_the_calls_predict_makes(bf16_bundle):
 def test_linked_convs_on_the_hot_path_give_the_unlinked_bits(bf16_bundle, monkeypatch):
     """Where the convs keep bf16 inputs (AMX or AVX512_BF16), predict links the conv+lrelu -> conv+lrelu pair
     (the second reads only the first) and skips the fp32 tensor between them; its outputs are np.array_equal
-    to those of the same bundle opened with nothing linked, also after the general path ran in between. On a CPU
+    to those of the same bundle opened with nothing linked and the calls made one by one from Python (not as
+    one native call list), also after the general path ran in between. On a CPU
     without either, nothing is linked."""
     from edgehft.runtime import native_chain
     with runtime.open(bf16_bundle) as r:
         links = native_chain.conv_links(r._chain)
         convs = [i for i, (kind, _) in enumerate(r._chain.steps) if kind == "conv2d"]
         assert links == ({convs[0]: convs[1]} if r._chain.steps[convs[0]][1][0].linkable else {})
+        assert r._invoke.__name__ == "invoke_native"            # every call a kernel's: one native call
         monkeypatch.setattr(native_chain, "conv_links", lambda chain: {})
+        monkeypatch.setattr(native_chain, "native_calls", lambda calls: None)
         with runtime.open(bf16_bundle) as unlinked:
+            assert unlinked._invoke.__name__ == "invoke_bound"  # one ctypes call per kernel, nothing linked
             rng = np.random.default_rng(4)
             for _ in range(5):
                 x = rng.standard_normal(r._in_specs[0].shape).astype(np.float32)
