@@ -210,7 +210,8 @@ def invoke(chain: Chain, staging_in, staging_out) -> None:
 def conv_links(chain: Chain) -> dict[int, int]:
     """Runs of convs the hot path links (:meth:`~edgehft.kernels.cpu.conv.NativeConv2D.linked_call`): step i ->
     step j when conv j reads conv i's output directly and is its only reader (no view, no other step, not a
-    chain output) and both keep their inputs as bf16 (AMX or VDPBF16PS). The fp32 tensor between them is then
+    chain output), conv i is the only step writing it and runs before conv j, and both keep their inputs as bf16
+    (AMX or VDPBF16PS). The fp32 tensor between them is then
     never written: conv i rounds its output into conv j's bf16 buffer, the bits conv j's own fill gives."""
     readers: dict[str, int] = {}
     for kind, h in chain.steps:
@@ -219,12 +220,18 @@ def conv_links(chain: Chain) -> dict[int, int]:
             readers[n] = readers.get(n, 0) + 1
     for n in chain.outputs:
         readers[n] = readers.get(n, 0) + 2
-    made_by = {h[2]: i for i, (kind, h) in enumerate(chain.steps) if kind == "conv2d"}
+    writers: dict[str, list] = {}                   # a name written twice (a hostile native.json) links nothing
+    for i, (kind, h) in enumerate(chain.steps):
+        for n in ([n for _, n in h[2]] if kind == "views" else [h[2]]):
+            writers.setdefault(n, []).append(i)
     links = {}
     for j, (kind, h) in enumerate(chain.steps):
-        if kind != "conv2d" or len(h[1]) != 1 or h[1][0] not in made_by or readers[h[1][0]] != 1:
+        src = h[1][0] if kind == "conv2d" and len(h[1]) == 1 else None
+        if src is None or readers[src] != 1 or len(writers.get(src, ())) != 1 or src in chain.inputs:
             continue
-        i = made_by[h[1][0]]
+        i = writers[src][0]
+        if i >= j or chain.steps[i][0] != "conv2d":     # the producer runs first, and is a conv
+            continue
         prod, cons = chain.steps[i][1][0], h[0]
         if prod.linkable and cons.linkable and cons.input_shape == prod.out.shape[1:]:
             links[i] = j
@@ -235,7 +242,8 @@ def bind(chain: Chain, staging_in, staging_out):
     """The hot path, when every buffer the chain hands over stays put (segments through their own
     buffers' views; kernel outputs in shared buffers planned by :mod:`edgehft.runtime.arena`, so the
     chain's working set stays small): each step's source and destination resolved once, one bound ctypes
-    call per kernel, a copy-in and invoke per segment, no name lookups. Returns ``(invoke, buffers,
+    call per kernel (all of them as one native call list when there is no segment: :func:`native_calls`), a
+    copy-in and invoke per segment, no name lookups. Returns ``(invoke, buffers,
     step_calls)`` (keep the buffers alive with the invoke; ``step_calls``: per chain step the call it
     makes, None for a view, for ``bench --profile``), or None when a hand-over could move (use
     :func:`invoke`)."""
@@ -329,8 +337,11 @@ def _invoker(calls: list, finals: list, alive: list):
         return invoke_native
 
     def invoke_bound(calls=tuple(calls), finals=tuple(finals), copy=np.copyto):
-        for call in calls:
-            call()
+        failed = 0
+        for call in calls:                      # a kernel's returns its code, a segment's None
+            failed += bool(call())
+        if failed:
+            raise MemoryError("a native kernel of the chain failed (out of memory for its scratch)")
         for dst, src in finals:
             copy(dst, src)
     return invoke_bound

@@ -513,7 +513,7 @@ class ChainExecutor:
     def start_helper(self, core=None, spin_us: int = 1000) -> int:
         """Start the native thread that prepares right after each push, pinned to CPU ``core`` (None: not pinned);
         it spins ``spin_us`` µs after its last prepare, then sleeps until the next push. Returns 0, or -1 already
-        running, -2 no thread could be started, -3 the core was refused."""
+        running, -2 no thread could be started, -3 the core was refused, -4 profiling is on (:meth:`profile`)."""
         rc = self._prog.start_helper(core, spin_us)
         if rc == 0:
             self.helper_core = core

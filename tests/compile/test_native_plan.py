@@ -26,8 +26,8 @@ def native_bundle(models, tmp_path_factory):
 
     def native_first(bundles, *a, **k):
         t = real(bundles, *a, **k)
-        if "native" in t:
-            t["native"] = {**t["native"], "p50_us": 1e-3}
+        if "native" in t:                    # fastest by every statistic --select may use (p50, p99, p99.9)
+            t["native"] = {**t["native"], **{k: 1e-3 for k, v in t["native"].items() if k.endswith("_us")}}
         return t
     out = tmp_path_factory.mktemp("native") / "lstm.auto"
     mp = pytest.MonkeyPatch()

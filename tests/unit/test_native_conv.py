@@ -163,3 +163,29 @@ def test_linked_convs_give_the_bits_of_convs_run_in_turn(target):
     with pytest.raises(ShapeError, match="cannot be linked"):
         a.linked_call(None, 0, simd)
     assert a._lib.edgehft_conv_run_link(b._h, None, c_void_p(0), simd._h) == -2      # nothing run
+
+
+class _Step:
+    """A stand-in for a chain step's conv (what conv_links reads: linkable, input_shape, out)."""
+
+    def __init__(self, shape_in, shape_out):
+        self.linkable, self.input_shape, self.out = True, shape_in, np.zeros((1, *shape_out), np.float32)
+
+
+def test_conv_links_only_link_a_sole_reader_after_its_sole_writer():
+    """conv_links (edgehft.runtime.native_chain): a -> b is linked; a tensor read twice, a chain output, a tensor
+    written by two steps (a hostile native.json) or a consumer that runs before its producer are not."""
+    from types import SimpleNamespace
+    from edgehft.runtime.native_chain import conv_links
+    a, b, c = _Step((4, 4, 2), (4, 4, 3)), _Step((4, 4, 3), (4, 4, 3)), _Step((4, 4, 3), (4, 4, 3))
+
+    def chain(steps, outputs=("z",)):
+        return SimpleNamespace(steps=[("conv2d", (k, [src], dst, k.out)) for k, src, dst in steps],
+                               outputs=list(outputs), inputs=["x"])
+    assert conv_links(chain([(a, "x", "t"), (b, "t", "z")])) == {0: 1}
+    assert conv_links(chain([(a, "x", "t"), (b, "t", "z"), (c, "t", "w")], ("z", "w"))) == {}     # t read twice
+    assert conv_links(chain([(a, "x", "t"), (b, "t", "z")], ("z", "t"))) == {}                   # t an output
+    assert conv_links(chain([(a, "x", "t"), (c, "x", "t"), (b, "t", "z")])) == {}                # t written twice
+    assert conv_links(chain([(b, "t", "z"), (a, "x", "t")])) == {}                               # read before written
+    b.linkable = False
+    assert conv_links(chain([(a, "x", "t"), (b, "t", "z")])) == {}

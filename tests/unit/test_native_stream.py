@@ -299,3 +299,14 @@ def test_profile_splits_prepare_and_push_per_layer_and_changes_no_output():
         timed.profile(True)
     for s in (plain, timed):
         s.close()
+
+
+def test_the_helper_thread_does_not_start_while_profiling():
+    """Profiling slots are the pushing thread's: start_helper refuses (-4) while profiling is on, starts after."""
+    rng = np.random.default_rng(13)
+    s = NativeStream(random_layers(rng, 4, (6,), (0.0,)), 5, output="last")
+    s.profile(True)
+    assert s.start_helper() == -4 and s.counters()["helper"] == 0
+    s.profile(False)
+    assert s.start_helper() == 0 and s.counters()["helper"] == 1
+    s.close()

@@ -64,7 +64,8 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
                             ("edgehft_chain_reset", None, [vp]), ("edgehft_chain_rows", u64, [vp]),
                             ("edgehft_chain_start_helper", i32, [vp, i32, i32]),
                             ("edgehft_chain_counters", None, [vp, vp]), ("edgehft_chain_window", i32, [vp, vp]),
-                            ("edgehft_chain_profile", i32, [vp, i32]), ("edgehft_chain_profile_read", i32, [vp, vp, i32])):
+                            ("edgehft_chain_profile", i32, [vp, i32]),
+                            ("edgehft_chain_profile_read", i32, [vp, vp, i32])):
         getattr(lib, name).restype = res
         getattr(lib, name).argtypes = args
     lib._edgehft_chain_typed = True
@@ -170,7 +171,7 @@ class ChainProgram:
     def start_helper(self, core: int | None = None, spin_us: int = 1000) -> int:
         """Start the thread that prepares after each push, pinned to CPU ``core`` (None: not pinned); it spins
         ``spin_us`` µs after its last prepare, then sleeps until the next push. Returns 0, or -1 already running,
-        -2 no thread could be started, -3 the core was refused."""
+        -2 no thread could be started, -3 the core was refused, -4 profiling is on (:meth:`profile`)."""
         return int(self._lib.edgehft_chain_start_helper(self._h, -1 if core is None else int(core), int(spin_us)))
 
     def profile(self, on: bool = True) -> None:

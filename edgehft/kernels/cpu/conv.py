@@ -160,8 +160,9 @@ class NativeConv2D(NativeKernel):
         return self.isa in ("amx", "avx3_bf16")
 
     def linked_call(self, x_ptr: int | None, out_ptr: int, next_conv: "NativeConv2D | None"):
-        """A bound call (no arguments; as the hot path's other calls, its return code is the run's: 0, or -1
-        when this thread's scratch could not grow) for a run of convs each reading only the previous one:
+        """A bound call (no arguments; as the hot path's other calls, its return code is the run's: 0, -1 when
+        this thread's scratch could not grow, -2 when the conv linked before it has not filled its buffer yet
+        (calls out of order)) for a run of convs each reading only the previous one:
         reads ``x_ptr`` (a ``(H, W, C)`` float32 input that stays put) or, with None, the bf16 buffer the conv
         linked before this one fills; writes ``out_ptr`` (fp32, :attr:`out`'s shape), or with ``next_conv``
         straight into that conv's bf16 input buffer (allocated now). Outputs are bit for bit those of

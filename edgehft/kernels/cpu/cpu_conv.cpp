@@ -352,9 +352,10 @@ void fill(const Conv* k, const float* x, T* base, void (*round)(const float*, T*
 
 #ifdef EDGEHFT_AMX
 // y = bf16(x), the bits RoundBf16 gives for every normal, zero or infinite x (round to nearest even, clamped to
-// +-kBf16Max first; a NaN stays a NaN), 32 values per VCVTNE2PS2BF16 (AVX512_BF16, which every AMX CPU has).
-// A subnormal x becomes zero here where RoundBf16 keeps a subnormal bf16: the AMX and VDPBF16PS paths, the only
-// users, treat subnormal bf16 operands as zero anyway (the instructions' DAZ), so their outputs are the same.
+// +-kBf16Max first; a NaN stays a NaN), 32 values per VCVTNE2PS2BF16 (AVX512_BF16, which every AMX CPU has); the
+// last n % 32 values through RoundBf16. A subnormal x becomes zero in the 32-wide part where RoundBf16 keeps a
+// subnormal bf16, so the buffer's bits depend on where a value falls; the AMX and VDPBF16PS paths, the only users,
+// treat subnormal bf16 operands as zero (the instructions' DAZ), so their outputs are the same either way.
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void round_bf16_cvt(const float* x, uint16_t* y, size_t n) {
     const __m512 hi = _mm512_set1_ps(conv::kBf16Max), lo = _mm512_set1_ps(-conv::kBf16Max);
     size_t i = 0;

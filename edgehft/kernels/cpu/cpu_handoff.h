@@ -232,10 +232,12 @@ void helper_main(Exec* s, int core) {
 
 // Starts the helper thread (pinned to `core` when core >= 0; it spins spin_us after its last prepare, then sleeps
 // until the next push). Returns 0; -1 when it already runs; -2 when no thread can be started; -3 when the core is
-// refused (not one this process may run on; no thread is left running then).
+// refused (not one this process may run on; no thread is left running then); -4 while profiling is on (its
+// slots are the pushing thread's).
 template <class Exec>
 int start_helper(Exec* s, int core, int spin_us) {
     if (s->helper_on) return -1;
+    if (s->profiling) return -4;
     s->spin_us = spin_us < 0 ? 0 : spin_us;
     s->stop.store(0);
     s->pinned.store(0);

@@ -219,7 +219,8 @@ class NativeStream:
     def start_helper(self, core: int | None = None, spin_us: int = 1000) -> int:
         """Start the thread that prepares after each push, pinned to CPU ``core`` (None: not pinned); it spins
         ``spin_us`` µs after its last prepare, then sleeps until the next push. Returns 0, or the executor's
-        code: -1 already running, -2 no thread could be started, -3 the core was refused."""
+        code: -1 already running, -2 no thread could be started, -3 the core was refused, -4 profiling is on
+        (:meth:`profile`)."""
         rc = int(self._lib.edgehft_stream_start_helper(self._h, -1 if core is None else int(core), int(spin_us)))
         if rc == 0:
             self.helper_core = core
