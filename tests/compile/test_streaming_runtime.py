@@ -252,7 +252,8 @@ def test_bench_streaming(bundles, tmp_path):
     timed as push then prepare; under --replay max no prepare is ever done before the next tick (it is there as
     the signal is out: the report says so and gives push + prepare); under recorded the counters and the share
     are reported; random windows are streamed by their newest rows. A bundle that does not stream: exit 3 with
-    the reason; with --profile: a usage error (exit 2)."""
+    the reason; with --profile: the op-by-op split after the replay (per layer: prepare, last
+    step; the head)."""
     import json
     rows = _rows(400, F_A, seed=8)
     x = np.stack([rows[i:i + T_A] for i in range(len(rows) - T_A + 1)])
@@ -276,5 +277,12 @@ def test_bench_streaming(bundles, tmp_path):
     np.save(tmp_path / "small.npy", np.random.default_rng(10).standard_normal((20, 10, 7)).astype(np.float32))
     res = _bench([bundles("lstm_bias", "float"), "--ticks", tmp_path / "small.npy", "--streaming"])
     assert res.exit_code == 3 and "native plans" in res.output
-    res = _bench([b, "--ticks", tmp_path / "slide.npz", "--streaming", "--profile"])
-    assert res.exit_code == 2 and "--streaming" in res.output
+    res = _bench([b, "--ticks", tmp_path / "slide.npz", "--streaming", "--profile", "--samples", 50, "--warmup", 0,
+                  "--json"])
+    assert res.exit_code == 0, res.output
+    prof = json.loads(res.output.strip().splitlines()[-1])["profile"]
+    assert [(o["phase"], o["op"].split(":")[0]) for o in prof["ops"]] == [
+        ("prepare", "LSTM layer 0 (100)"), ("prepare", "LSTM layer 1 (100)"), ("critical", "LSTM layer 0 (100)"),
+        ("critical", "LSTM layer 1 (100)"), ("critical", "head (FULLY_CONNECTED)")]
+    assert all(o["us_per_tick"] > 0 for o in prof["ops"]) and prof["ticks"] == 2000
+    assert prof["critical_us"] > 0 and prof["prepare_us"] > prof["critical_us"]   # 49 steps ahead, 1 on the tick
