@@ -311,11 +311,12 @@ def _kernel_call(k, xs, y, nxt, linked_to: bool, linked: bool, alive: list):
     """The bound call of one kernel step reading ``xs`` into ``y``: a pointer array of its own for several inputs
     (:func:`run_step`, the general path, rewrites the kernel's), a linked conv's call (``nxt``: the conv it hands its
     output to; ``linked_to``: it reads its own bf16 buffer, not ``xs``), else the kernel's run."""
-    x_ptr = k.input_pointer(xs)
     if len(xs) > 1:
         own = (ctypes.c_void_p * len(xs))(*[x.ctypes.data for x in xs])
         alive.append(own)
         x_ptr = ctypes.addressof(own)
+    else:
+        x_ptr = k.input_pointer(xs)
     if linked:                                  # a run of convs without the fp32 tensors between
         return k.linked_call(None if linked_to else x_ptr, y.ctypes.data, nxt)
     return functools.partial(k._run, k._h, ctypes.c_void_p(x_ptr), ctypes.c_void_p(y.ctypes.data))
