@@ -28,7 +28,9 @@ every peer alike. A peer gets --samples calls or as many as fit in --budget-s se
 are compiled first, before this process is pinned or imports TensorFlow. Interleaving also evicts each
 peer's weights from the caches between its calls, which inflates every p99; so edgehft's chosen plan and
 the fastest peers are then timed once more each alone on the core, back to back (a dedicated box), and
-so is a fixed workload (matrix products) of about edgehft's p50: the machine's own jitter floor.
+so are two fixed workloads of about edgehft's p50, the machine's own jitter floors: matrix products held in
+L1/L2 (compute) and an elementwise multiply streaming a 1 MiB working set, about DeepLOB's weights and
+activations (memory). JSON: ``models.<name>.machine_floor`` and ``.memory_floor``.
 
 Streaming (issue 21): for a model with a plan the stream executor takes (LSTM_A ``--quant native``, DeepLOB
 ``--quant native-bf16``; compiled beside the others; MLP: its chosen plan is tried) the script opens
@@ -74,6 +76,7 @@ STREAM_QUANT = {"lstm_a": "native", "deeplob": "native-bf16"}   # the plan of ea
 NO_STREAMING = ("ONNX Runtime and LiteRT have no streaming mode: their rows (and every predict row) recompute the "
                 "whole window each tick")
 STAC_P99_US = {"A100": 35.2, "FPGA (Myrtle VOLLO)": 5.07, "GH200": 4.6}
+MEMORY_FLOOR_BYTES = 1 << 20    # the memory floor's working set: about DeepLOB's weights and activations
 
 
 def prepare(name: str, build: Path) -> tuple[Path, list[Path], np.ndarray]:
@@ -181,6 +184,31 @@ def machine_floor(target_us: float, args) -> dict:
             np.matmul(a, a, out=out)
     ns = time_interleaved({"floor": (work, [None])}, args.warmup, args.samples, args.budget_s)["floor"]
     return {"workload": f"{reps} x float32 matmul {n}x{n} @ {n}x{n} (OpenBLAS, 1 thread)",
+            "latency_us": summarize_us(ns)}
+
+
+def memory_floor(target_us: float, working_set_bytes: int, args) -> dict:
+    """The same core's jitter on a fixed memory-bound workload: an elementwise float32 multiply streaming
+    a ``working_set_bytes`` buffer into another (numpy, 1 thread), repeated to ~``target_us`` per call. The
+    matmul floor above lives in L1/L2 and is set by the FMA units; a model's call reads and writes a working
+    set of weights and activations, which a neighbour on the host's caches and memory slows too. Returns
+    the workload's description and its latency summary (µs)."""
+    n = max(1024, working_set_bytes // 8)              # two buffers of n float32 = working_set_bytes
+    src = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    dst = np.empty_like(src)
+    one = np.empty(200, np.int64)
+    for i in range(-50, len(one)):
+        t0 = time.perf_counter_ns()
+        np.multiply(src, 1.0001, out=dst)
+        if i >= 0:
+            one[i] = time.perf_counter_ns() - t0
+    reps = max(1, round(target_us * 1e3 / float(np.median(one))))
+
+    def work(_x):
+        for _ in range(reps):
+            np.multiply(src, 1.0001, out=dst)
+    ns = time_interleaved({"floor": (work, [None])}, args.warmup, args.samples, args.budget_s)["floor"]
+    return {"workload": f"{reps} x float32 multiply streaming {2 * n * 4 // 1024} KiB (numpy, 1 thread)",
             "latency_us": summarize_us(ns)}
 
 
@@ -363,7 +391,9 @@ def bench_model(name: str, args, build: Path, cpu: int, model_path: Path, x: np.
             ns = time_interleaved({peer: peers[peer]}, args.warmup, args.samples, args.budget_s)[peer]
             rows[peer]["alone_latency_us"] = summarize_us(ns)
     if "alone_latency_us" in rows.get(EDGEHFT, {}):
-        result["machine_floor"] = machine_floor(rows[EDGEHFT]["alone_latency_us"]["p50"], args)
+        target = rows[EDGEHFT]["alone_latency_us"]["p50"]
+        result["machine_floor"] = machine_floor(target, args)
+        result["memory_floor"] = memory_floor(target, MEMORY_FLOOR_BYTES, args)
     result["streaming"] = stream_row(name, bundles, x, keras_model, args, rows, peers)
     result["peers"] = list(rows.values())
     base = rows[EDGEHFT].get("latency_us") if EDGEHFT in rows else None
@@ -502,12 +532,13 @@ def print_table(console, name: str, res: dict) -> None:
             f"{r['peer']} p50 {r['alone_latency_us']['p50']:,.1f} µs, p99 {r['alone_latency_us']['p99']:,.1f} µs "
             f"(p99/p50 {r['alone_latency_us']['p99'] / r['alone_latency_us']['p50']:.2f}"
             + (f", ratio p50 {r['alone_latency_us']['p50'] / base:.2f}x)" if base else ")") for r in alone))
-    floor = res.get("machine_floor")
-    if floor:
-        u = floor["latency_us"]
-        console.print(f"{name}, machine floor (a fixed workload of about edgehft's p50, alone on the core: "
-                      f"{floor['workload']}): p50 {u['p50']:,.1f} µs, p99 {u['p99']:,.1f} µs, "
-                      f"p99/p50 {u['p99'] / u['p50']:.2f}")
+    for key, kind in (("machine_floor", "compute"), ("memory_floor", "memory")):
+        floor = res.get(key)
+        if floor:
+            u = floor["latency_us"]
+            console.print(f"{name}, machine floor, {kind} (a fixed workload of about edgehft's p50, alone on "
+                          f"the core: {floor['workload']}): p50 {u['p50']:,.1f} µs, p99 {u['p99']:,.1f} µs, "
+                          f"p99/p50 {u['p99'] / u['p50']:.2f}")
     if res.get("streaming"):
         print_streaming(console, name, res["streaming"])
     if name == "lstm_a":
