@@ -127,16 +127,46 @@ def test_a_drifting_version_is_refused_and_a_keeps_serving(box, bundles, windows
 
 
 def test_a_version_over_the_latency_budget_is_refused(box, bundles, windows):
-    """A shadow budget of 1 µs p99: B is refused naming its p99 and the budget; A keeps serving."""
+    """A shadow budget of 1 µs p99 over 120 calls (enough to hold a p99 to the budget alone: MIN_CALLS): B is
+    refused naming its p99 and the budget; A keeps serving."""
     _, _, root = box
     a = deployed(box, bundles["v1"])["version"]
-    with edgehft.serve(root, policy=ShadowPolicy(**{**FAST, "budget_p99_us": 1.0}), poll_s=0.05) as srv:
+    policy = ShadowPolicy(**{**FAST, "calls": 120, "min_calls": 120, "budget_p99_us": 1.0})
+    with edgehft.serve(root, policy=policy, poll_s=0.05) as srv:
         t, _ = _deploy_async(box, bundles["v2"])
         _call_until(srv, windows, lambda: _event(srv, "refused") or _event(srv, "swapped"))
         t.join()
         r = _event(srv, "refused")
         assert r is not None and "p99" in r["why"] and "over the budget 1 µs" in r["why"], srv.events
+        assert "active version" not in r["why"]               # held to the budget alone
+        sh = _event(srv, "shadow")
+        assert sh["verdicts"]["p99"]["judged"] == "against the budget (120 calls)"
+        assert sh["active_latency_us"]["p99"] > 1.0           # the active version was timed beside it
         assert srv.active == a
+
+
+def test_a_breach_after_the_swap_swaps_back(box, bundles, windows):
+    """A 1 µs p99 budget: the shadow run's 60 calls are too few to hold a p99 to it (not judged, MIN_CALLS), so B
+    swaps in; the breach watch's 100 caller calls are enough, B is over the budget and A (kept warm) answers
+    again, B not retried."""
+    _, _, root = box
+    a = deployed(box, bundles["v1"])["version"]
+    policy = ShadowPolicy(**{**FAST, "breach_calls": 100, "budget_p99_us": 1.0})
+    with edgehft.serve(root, policy=policy, poll_s=0.05) as srv:
+        t, out = _deploy_async(box, bundles["v2"])
+        caller = _call_until(srv, windows, lambda: _event(srv, "breach") or _event(srv, "refused"))
+        t.join()
+        b = json.loads(out["res"].output)["results"][0]["version"]
+        sh = _event(srv, "shadow", b)
+        assert sh["ok"] and sh["verdicts"]["p99"]["judged"] == "not judged: 60 calls, p99 needs 100", sh
+        assert _event(srv, "swapped", b) is not None
+        br = _event(srv, "breach", b)
+        assert br is not None and br["over"] == ["p99"] and br["latency_us"]["p99"] > 1.0, srv.events
+        _call_until(srv, windows, lambda: srv.active == a, timeout=30)
+        rb = _event(srv, "rolled_back")
+        assert srv.active == a and "breach after the swap: p99 over the budget" in rb["why"], rb
+        assert caller["failed"] == [] and b in caller["served_by"]
+        assert _call_until(srv, windows, lambda: False, timeout=1.0)["served_by"] == {a}   # B is not retried
 
 
 def test_nothing_deployed_is_a_clear_error(tmp_path):
