@@ -17,7 +17,12 @@ unpacking the outputs). It is not the model: both run the same interpreter on th
 a third row times the floor: a bare Python echo of the same datagram sizes (request size out, reply size back) to a
 process pinned where the sidecar is, which does nothing else (``--echo-server``, started by this script).
 
-    python benchmarks/serve_sidecar.py [--model deeplob|mlp] [--bundle DIR] [--samples 20000] [--out r.json]
+With ``--spin`` both ends busy-poll (``edgehft serve --spin``, ``SidecarClient(spin=True)``, the echo as well): no
+thread sleeps in the kernel waiting for a datagram, so the wake-ups leave the round trip, at the price of the
+sidecar's core (and the client's thread while it waits) at 100 %. The echo is then timed after the sidecar has
+stopped (two spinning processes cannot share its core), not in the same rounds.
+
+    python benchmarks/serve_sidecar.py [--model deeplob|mlp] [--bundle DIR] [--samples 20000] [--spin] [--out r.json]
 """
 from __future__ import annotations
 
@@ -77,10 +82,11 @@ def bundle_and_windows(args, build: Path) -> tuple[Path, np.ndarray]:
     return out, x
 
 
-def start_sidecar(root: Path, core) -> tuple:
-    """(process, its ``listening`` event): ``edgehft serve root --json`` pinned to ``core``, once it listens."""
+def start_sidecar(root: Path, core, spin: bool = False) -> tuple:
+    """(process, its ``listening`` event): ``edgehft serve root --json`` pinned to ``core`` (``--spin``: busy-polling
+    its socket), once it listens."""
     cmd = [sys.executable, "-m", "edgehft", "serve", str(root), "--json"] + (["--core", str(core)] if core is not None
-                                                                            else [])
+                                                                            else []) + (["--spin"] if spin else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:
         e = json.loads(line)
@@ -91,8 +97,9 @@ def start_sidecar(root: Path, core) -> tuple:
     raise SystemExit(f"the sidecar exited {proc.wait()} before listening")
 
 
-def echo_server(path: str, core, reply_bytes: int) -> None:
-    """The transport floor's other end: answer each datagram with ``reply_bytes`` bytes, nothing else."""
+def echo_server(path: str, core, reply_bytes: int, spin: bool = False) -> None:
+    """The transport floor's other end: answer each datagram with ``reply_bytes`` bytes, nothing else (``spin``:
+    busy-polling the socket, as the sidecar's ``--spin``)."""
     import socket
     if core is not None:
         os.sched_setaffinity(0, {core})
@@ -101,16 +108,22 @@ def echo_server(path: str, core, reply_bytes: int) -> None:
     buf = bytearray(1 << 21)
     bufs, reply = [buf], memoryview(buf)[:reply_bytes]
     print("ready", flush=True)
+    flags = socket.MSG_DONTWAIT if spin else 0
     while True:
-        _, _, _, addr = s.recvmsg_into(bufs)
+        try:
+            _, _, _, addr = s.recvmsg_into(bufs, 0, flags)
+        except BlockingIOError:
+            continue
         s.sendto(reply, addr)
 
 
-def echo_client(path: str, core, request_bytes: int, reply_bytes: int):
-    """(process, fn(window)): an echo server pinned to ``core`` and a round trip to it of the sidecar's sizes."""
+def echo_client(path: str, core, request_bytes: int, reply_bytes: int, spin: bool = False):
+    """(process, fn(window)): an echo server pinned to ``core`` and a round trip to it of the sidecar's sizes (both
+    ends busy-polling with ``spin``)."""
     import socket
     proc = subprocess.Popen([sys.executable, __file__, "--echo-server", path, "--reply-bytes", str(reply_bytes)]
-                            + (["--core", str(core)] if core is not None else []), stdout=subprocess.PIPE, text=True)
+                            + (["--core", str(core)] if core is not None else []) + (["--spin"] if spin else []),
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     c = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     c.bind("")
@@ -121,7 +134,16 @@ def echo_client(path: str, core, request_bytes: int, reply_bytes: int):
     def round_trip(_x):
         send(msg)
         recv(rbuf)
-    return proc, round_trip
+
+    def round_trip_spin(_x):
+        send(msg)
+        while True:
+            try:
+                recv(rbuf, 0, socket.MSG_DONTWAIT)
+                return
+            except BlockingIOError:
+                pass
+    return proc, (round_trip_spin if spin else round_trip)
 
 
 def time_both(calls: dict, xs: np.ndarray, warmup: int, samples: int) -> dict:
@@ -171,12 +193,14 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=20000)
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--spin", action="store_true",
+                    help="busy-poll on both sides: edgehft serve --spin, SidecarClient(spin=True), the echo too")
     ap.add_argument("--echo-server", default=None, help=argparse.SUPPRESS)   # the floor's other end (internal)
     ap.add_argument("--reply-bytes", type=int, default=64, help=argparse.SUPPRESS)
     ap.add_argument("--core", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.echo_server:
-        echo_server(args.echo_server, args.core, args.reply_bytes)
+        echo_server(args.echo_server, args.core, args.reply_bytes, args.spin)
         return 0
     from edgehft import runtime
     from edgehft.deploy.local import install_local
@@ -188,26 +212,36 @@ def main() -> int:
         build.mkdir()
         bundle, xs = bundle_and_windows(args, build)
         vid = install_local(root, bundle)["version"]
-        proc, listening = start_sidecar(root, car_core)
-        echo_proc, echo = echo_client(str(Path(tmp) / "echo.sock"), car_core, listening["request_bytes"],
-                                      listening["reply_bytes"])
+        proc, listening = start_sidecar(root, car_core, args.spin)
+        echo_proc = None
         try:
             os.sched_setaffinity(0, {client_core})
-            with runtime.open(root / "versions" / vid, threads=1) as r, SidecarClient(root / "serve.sock") as c:
+            with runtime.open(root / "versions" / vid, threads=1) as r, SidecarClient(root / "serve.sock",
+                                                                                 spin=args.spin) as c:
                 for x in xs[:20]:
                     assert np.array_equal(c.predict(x), r.predict(x)), "the sidecar's outputs differ"
                 print(f"outputs equal on 20 windows; timing {args.samples} rounds of each, shape {xs.shape[1:]}")
-                lat = time_both({"runner.predict": r.predict, "SidecarClient.predict": c.predict, "echo": echo},
-                                xs, args.warmup, args.samples)
+                calls = {"runner.predict": r.predict, "SidecarClient.predict": c.predict}
+                if not args.spin:      # a sleeping echo server beside the sidecar on its core: timed in the same rounds
+                    echo_proc, calls["echo"] = echo_client(str(Path(tmp) / "echo.sock"), car_core,
+                                                           listening["request_bytes"], listening["reply_bytes"])
+                lat = time_both(calls, xs, args.warmup, args.samples)
                 counters = c.status()["counters"]
-        finally:
-            echo_proc.kill()
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=60)
+            if args.spin:              # two spinning processes cannot share the core: the echo after the sidecar
+                echo_proc, echo = echo_client(str(Path(tmp) / "echo.sock"), car_core, listening["request_bytes"],
+                                              listening["reply_bytes"], True)
+                lat["echo"] = time_both({"echo": echo}, xs, args.warmup, args.samples)["echo"]
+        finally:
+            if echo_proc is not None:
+                echo_proc.kill()
+            if proc.poll() is None:
+                proc.kill()
     res = report(lat, (client_core, car_core))
     print(f"sidecar counters {counters}; exit {rc} after SIGTERM; load average {os.getloadavg()}")
     if args.out:
-        res.update(model=args.bundle or args.model, samples=args.samples, cores={"client": client_core,
+        res.update(model=args.bundle or args.model, samples=args.samples, spin=args.spin, cores={"client": client_core,
                    "sidecar": car_core}, fingerprint=machine_fingerprint(), loadavg=os.getloadavg())
         args.out.write_text(json.dumps(res, indent=1, default=str))
         print(f"wrote {args.out}")

@@ -69,6 +69,10 @@ def _utc() -> str:
                    "file's [latency_budget_us]).")
 @click.option("--budget-p999-us", default=None, type=_positive, metavar="US", help="The same for p99.9.")
 @click.option("--core", default=None, type=click.IntRange(min=0), help="Pin the serving thread to this CPU.")
+@click.option("--spin", is_flag=True,
+              help="Busy-poll the socket instead of sleeping until a request comes: takes the serving thread's "
+                   "wake-up off each round trip and uses its core at 100 % (give --core a core of its own; the "
+                   "client's side: SidecarClient(path, spin=True)).")
 @click.option("--shadow-core", default=None, type=click.IntRange(min=0),
               help="Pin the manager thread (loads, shadow runs) to this CPU: not the serving one.")
 @click.option("--events", "events_path", default=None, type=click.Path(dir_okay=False),
@@ -78,7 +82,7 @@ def _utc() -> str:
 @json_opt
 @handles_errors
 def serve_cmd(install_dir, socket_path, group, shadow_calls, shadow_seconds, max_rel_mae, budget_p99_us,
-              budget_p999_us, core, shadow_core, events_path, threads, as_json):
+              budget_p999_us, core, spin, shadow_core, events_path, threads, as_json):
     """Serve INSTALL_DIR's active version (what `current` points to, as `edgehft deploy` leaves it) as a sidecar:
     predict requests over a Unix datagram socket, one datagram each way (protocol: edgehft.serving.sidecar; the
     client: edgehft.serving.client.SidecarClient). A new version deployed there is loaded, shadow-run on the live
@@ -105,7 +109,7 @@ def serve_cmd(install_dir, socket_path, group, shadow_calls, shadow_seconds, max
                             require_signature=signers, shadow_core=shadow_core)
         try:
             path = socket_path or os.path.join(install_dir, "serve.sock")
-            car = Sidecar(srv, path, group=group,
+            car = Sidecar(srv, path, group=group, spin=spin,
                           on_event=lambda e: emit({"time_utc": _utc(), **e, "core": core}, True))
         except BaseException:
             srv.close()

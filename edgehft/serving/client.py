@@ -50,12 +50,15 @@ def error_from_reply(status: int, payload: bytes) -> EdgeHFTError:
 class SidecarClient:
     """A client of the sidecar listening on ``path`` (``edgehft serve``'s ``--socket``, default
     ``<install_dir>/serve.sock``). ``timeout`` (s) bounds each call's wait for its reply (the kernel's
-    ``SO_RCVTIMEO``: no extra system call per request); ``max_datagram`` the reply buffer (bytes).
+    ``SO_RCVTIMEO``: no extra system call per request); ``max_datagram`` the reply buffer (bytes). ``spin``: wait
+    for each reply by polling the socket (non-blocking receives, this thread at 100 % until the reply) instead of
+    sleeping in the kernel: with a sidecar started with ``--spin`` on a core of its own, neither side waits to
+    be woken (``benchmarks/serve_sidecar.py`` measures both).
 
     Raises (at construction): SidecarUnavailableError when no sidecar listens on ``path``."""
 
-    def __init__(self, path, timeout: float = 5.0, max_datagram: int = 1 << 20):
-        self.path, self.timeout = str(path), float(timeout)
+    def __init__(self, path, timeout: float = 5.0, max_datagram: int = 1 << 20, spin: bool = False):
+        self.path, self.timeout, self.spin = str(path), float(timeout), bool(spin)
         self._sbuf, self._rbuf = bytearray(max_datagram), bytearray(max_datagram + 1)
         self._rbufs, self._next = [self._rbuf], 1
         self._in_layouts: dict = {}    # (dtype, shape) per window -> (message, views on _sbuf)
@@ -179,8 +182,8 @@ class SidecarClient:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                n, _, flags, _ = self._sock.recvmsg_into(self._rbufs)
-            except OSError as exc:                       # BlockingIOError: SO_RCVTIMEO ran out
+                n, flags = self._receive(deadline)
+            except OSError as exc:                       # BlockingIOError: SO_RCVTIMEO (or the spin) ran out
                 raise SidecarUnavailableError(f"no reply from the sidecar on {self.path} within {self.timeout} s "
                                               f"({exc})", hint="is it running (edgehft serve)? a longer timeout?")
             if n >= HEADER.size and not flags & socket.MSG_TRUNC:
@@ -191,6 +194,22 @@ class SidecarClient:
                     return count, n
             if time.monotonic() > deadline:
                 raise SidecarUnavailableError(f"no reply to request {rid} from the sidecar within {self.timeout} s")
+
+    def _receive(self, deadline: float) -> tuple[int, int]:
+        """One datagram into the reply buffer: (length, flags). Blocking (the socket's SO_RCVTIMEO), or with
+        ``spin`` non-blocking receives until one comes or ``deadline`` (time.monotonic) passes (then
+        BlockingIOError, as the timeout)."""
+        if not self.spin:
+            n, _, flags, _ = self._sock.recvmsg_into(self._rbufs)
+            return n, flags
+        recv, bufs, dontwait, now = self._sock.recvmsg_into, self._rbufs, socket.MSG_DONTWAIT, time.monotonic
+        while True:
+            try:
+                n, _, flags, _ = recv(bufs, 0, dontwait)
+                return n, flags
+            except BlockingIOError:
+                if now() > deadline:
+                    raise
 
     def _send_again(self, msg) -> None:
         try:

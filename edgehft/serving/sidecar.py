@@ -259,16 +259,16 @@ class Sidecar:
     Raises (at construction): what :func:`bind_socket` raises; BoardUnavailableError when the active version's
     request or reply does not fit a datagram here (:func:`check_fits`)."""
 
-    def __init__(self, server, path, *, group=None, sndbuf: int = WANT_SNDBUF, on_event=None):
-        self.server, self.path = server, str(path)
+    def __init__(self, server, path, *, group=None, sndbuf: int = WANT_SNDBUF, on_event=None, spin: bool = False):
+        self.server, self.path, self.spin = server, str(path), bool(spin)
         self.counters = dict(requests=0, predictions=0, errors=0, malformed=0, dropped=0, control=0, reply_failed=0)
-        self._stopping, self._specs = False, {}
+        self._stopping, self._specs = False, None
         self._sock = bind_socket(self.path, group, sndbuf)
         self._ino = os.stat(self.path).st_ino
         try:
             self.sndbuf = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
             self.max_datagram = max_datagram(self.sndbuf)
-            ins, outs = self._specs_of(server.active)
+            ins, outs = self._active_specs()
             self.request_bytes, self.reply_bytes = check_fits(ins, outs, self.max_datagram)
         except BaseException:
             self.close()
@@ -280,14 +280,20 @@ class Sidecar:
         if on_event is not None:
             on_event({"event": "listening", "version": server.active, "socket": self.path, "pid": os.getpid(),
                       "max_datagram": self.max_datagram, "request_bytes": self.request_bytes,
-                      "reply_bytes": self.reply_bytes})
+                      "reply_bytes": self.reply_bytes, "spin": self.spin})
 
     # --- the loop ----------------------------------------------------------------------------------------------
     def serve_forever(self) -> None:
-        """Answer requests until :meth:`stop` (from a signal handler or another thread)."""
+        """Answer requests until :meth:`stop` (from a signal handler or another thread). With ``spin`` the loop
+        polls the socket (non-blocking receives, 100 % of its core) instead of sleeping in the kernel until a
+        request comes: the request no longer waits for this thread to be woken and scheduled."""
         recv, bufs = self._sock.recvmsg_into, [self._rbuf]
+        flags_in = socket.MSG_DONTWAIT if self.spin else 0
         while not self._stopping:
-            n, _, flags, addr = recv(bufs)
+            try:
+                n, _, flags, addr = recv(bufs, 0, flags_in)
+            except BlockingIOError:               # spin: nothing yet
+                continue
             if self._stopping:
                 break
             self.counters["requests"] += 1
@@ -399,21 +405,22 @@ class Sidecar:
         return HEADER.unpack_from(self._rbuf, 0)[4] if n >= HEADER.size else 0
 
     # --- control -----------------------------------------------------------------------------------------------
-    def _specs_of(self, vid: str):
-        """([(shape, dtype)] inputs, [(shape, dtype)] outputs) of version ``vid``, from its manifest (cached)."""
-        if vid not in self._specs:
-            from edgehft.bundle import load_bundle
-            m = load_bundle(self.server.root / "versions" / vid, verify=False).manifest
-            self._specs[vid] = ([(tuple(s.shape), s.dtype) for s in m.inputs],
-                                [(tuple(s.shape), s.dtype) for s in m.outputs])
-        return self._specs[vid]
+    def _active_specs(self):
+        """([(shape, dtype)] inputs, [(shape, dtype)] outputs) of the active version, from the manifest its runner
+        opened and verified (:attr:`edgehft.serving.Server.runner`; cached for that runner)."""
+        runner = self.server.runner
+        if self._specs is None or self._specs[0] is not runner:
+            m = runner.bundle.manifest
+            self._specs = (runner, ([(tuple(s.shape), s.dtype) for s in m.inputs],
+                                    [(tuple(s.shape), s.dtype) for s in m.outputs]))
+        return self._specs[1]
 
     def status(self) -> dict:
         """``{"active", "previous", "pid", "socket", "max_datagram", "counters", "inputs", "outputs", "events",
         "last_event", "time_utc"}``: ``inputs``/``outputs`` the active version's ``[{"shape", "dtype"}]`` (the
         bundle's own dtypes: predict takes float32 windows for quantized inputs), ``events`` how many the server
         emitted."""
-        ins, outs = self._specs_of(self.server.active)
+        ins, outs = self._active_specs()
         events = self.server.events
         return {"active": self.server.active, "previous": self.server.previous, "pid": os.getpid(),
                 "socket": self.path, "max_datagram": self.max_datagram, "counters": dict(self.counters),

@@ -199,6 +199,33 @@ def test_a_second_version_is_shadow_run_on_the_clients_calls_then_swapped_and_ro
         assert c.rollback() == v2                    # and back: the other one is warm too
 
 
+def test_spin_on_both_sides_answers_the_same_and_stops_on_a_signal(versions, windows, tmp_path):
+    """``edgehft serve --spin`` (busy-polling its socket) and ``SidecarClient(spin=True)``: the same outputs as
+    runner.predict, bad windows' errors, a client timeout when nothing answers, SIGTERM exit 0."""
+    root = tmp_path / "box"
+    vid = install_local(root, versions["v1"])["version"]
+    car = ServeProcess(root, *SHADOW, "--spin")
+    try:
+        assert car.event("listening")["spin"] is True
+        with SidecarClient(car.sock, spin=True) as c, runtime.open(root / "versions" / vid) as r:
+            for x in windows[:20]:
+                assert np.array_equal(c.predict(x), r.predict(x))
+            assert isinstance(_raised(c.predict, windows[0][:10]), ShapeError)
+            assert np.array_equal(c.predict(windows[2]), r.predict(windows[2]))
+            assert c.status()["counters"]["predictions"] == 21
+        assert car.stop() == 0 and not os.path.exists(car.sock)
+    finally:
+        if car.proc.poll() is None:
+            car.proc.kill()
+            car.proc.wait()
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)       # bound, never answers
+    mute.bind(str(tmp_path / "mute.sock"))
+    with mute, SidecarClient(tmp_path / "mute.sock", timeout=0.3, spin=True) as c:
+        t0 = time.monotonic()
+        assert isinstance(_raised(c.predict, windows[0]), SidecarUnavailableError)
+        assert 0.3 <= time.monotonic() - t0 < 5.0
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_it_with_exit_0_and_removes_the_socket(served, windows, sig):
     car, vid, _ = served
