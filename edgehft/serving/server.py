@@ -439,8 +439,8 @@ class Server:
 
     def _shadow(self, cand: _Version) -> dict:
         """The shadow run and its verdict (see the module docstring): ``{"ok", "why", "live_calls",
-        "golden_calls", "rel_mae", "max_abs", "latency_us", "active_latency_us", "budget_us", "budget_from", "verdicts"}``
-        (each verdict's ``judged``: :func:`hold_few_calls`)."""
+        "golden_calls", "rel_mae", "max_abs", "latency_us", "active_latency_us", "budget_us", "budget_from",
+        "verdicts"}`` (each verdict's ``judged``: :func:`hold_few_calls`)."""
         pol = self.policy
         tap = collections.deque(maxlen=4 * pol.calls)
         self._tap = tap                                   # predict copies its inputs from here on
