@@ -161,6 +161,28 @@ def time_interleaved(peers: dict, warmup: int, samples: int, budget_s: float) ->
     return lat
 
 
+def median_ns(op, calls: int = 400, warmup: int = 100) -> float:
+    """The median time of one ``op()`` call, ns, after ``warmup`` calls."""
+    one = np.empty(calls, np.int64)
+    for i in range(-warmup, calls):
+        t0 = time.perf_counter_ns()
+        op()
+        if i >= 0:
+            one[i] = time.perf_counter_ns() - t0
+    return float(np.median(one))
+
+
+def time_fixed_workload(op, one_ns: float, target_us: float, args) -> tuple[int, np.ndarray]:
+    """``op`` repeated to ~``target_us`` per call (``one_ns`` one call's median), timed alone like the peers:
+    (repetitions, latencies in ns)."""
+    reps = max(1, round(target_us * 1e3 / one_ns))
+
+    def work(_x):
+        for _ in range(reps):
+            op()
+    return reps, time_interleaved({"floor": (work, [None])}, args.warmup, args.samples, args.budget_s)["floor"]
+
+
 def machine_floor(target_us: float, args) -> dict:
     """The same core's jitter on a fixed workload: repeated single-thread float32 matrix products
     (OpenBLAS, 128x128 @ 128x128, the same inputs every call) sized to ~``target_us``, timed alone like
@@ -169,20 +191,10 @@ def machine_floor(target_us: float, args) -> dict:
     for n in (128, 64, 32):                             # the largest product that fits the target
         a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
         out = np.empty_like(a)
-        one = np.empty(400, np.int64)
-        for i in range(-100, len(one)):                # warm, then the median of single products
-            t0 = time.perf_counter_ns()
-            np.matmul(a, a, out=out)
-            if i >= 0:
-                one[i] = time.perf_counter_ns() - t0
-        if np.median(one) <= target_us * 1e3 or n == 32:
+        one = median_ns(lambda: np.matmul(a, a, out=out))
+        if one <= target_us * 1e3 or n == 32:
             break
-    reps = max(1, round(target_us * 1e3 / float(np.median(one))))
-
-    def work(_x):
-        for _ in range(reps):
-            np.matmul(a, a, out=out)
-    ns = time_interleaved({"floor": (work, [None])}, args.warmup, args.samples, args.budget_s)["floor"]
+    reps, ns = time_fixed_workload(lambda: np.matmul(a, a, out=out), one, target_us, args)
     return {"workload": f"{reps} x float32 matmul {n}x{n} @ {n}x{n} (OpenBLAS, 1 thread)",
             "latency_us": summarize_us(ns)}
 
@@ -196,18 +208,10 @@ def memory_floor(target_us: float, working_set_bytes: int, args) -> dict:
     n = max(1024, working_set_bytes // 8)              # two buffers of n float32 = working_set_bytes
     src = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     dst = np.empty_like(src)
-    one = np.empty(200, np.int64)
-    for i in range(-50, len(one)):
-        t0 = time.perf_counter_ns()
-        np.multiply(src, 1.0001, out=dst)
-        if i >= 0:
-            one[i] = time.perf_counter_ns() - t0
-    reps = max(1, round(target_us * 1e3 / float(np.median(one))))
 
-    def work(_x):
-        for _ in range(reps):
-            np.multiply(src, 1.0001, out=dst)
-    ns = time_interleaved({"floor": (work, [None])}, args.warmup, args.samples, args.budget_s)["floor"]
+    def op():
+        np.multiply(src, 1.0001, out=dst)
+    reps, ns = time_fixed_workload(op, median_ns(op, 200, 50), target_us, args)
     return {"workload": f"{reps} x float32 multiply streaming {2 * n * 4 // 1024} KiB (numpy, 1 thread)",
             "latency_us": summarize_us(ns)}
 
