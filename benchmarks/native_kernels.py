@@ -118,7 +118,7 @@ def conv_variants(targets, base, rng):
 
 def lstm_variants(targets, base, rng, models: Path | None):
     """Per LSTM shape: variant name -> run(x), output; LiteRT float where ``models`` has its conversion."""
-    from edgehft.kernels.cpu.build import force_target
+    from edgehft.kernels.cpu.build import CONV_ONLY, force_target
     from edgehft.kernels.cpu.lstm import NativeLSTM
     shapes = {}
     for i, (name, (T, IN, hs)) in enumerate(LSTMS.items()):
@@ -138,6 +138,10 @@ def lstm_variants(targets, base, rng, models: Path | None):
             with force_target(t):
                 k = NativeLSTM(layers, T)
             v[t] = (lambda x, k=k: k.run_ptr(x.ctypes.data), k.out)
+        for t in [t for t in targets if t not in CONV_ONLY]:    # the native-bf16 plan's recurrent weights
+            with force_target(t):
+                k = NativeLSTM(layers, T, recurrent_bf16=True)
+            v[f"{t} U bf16"] = (lambda x, k=k: k.run_ptr(x.ctypes.data), k.out)
         if base is not None:
             out = np.zeros(hs[-1], np.float32)
             v["old -march=native"] = (base.lstm(layers, T, out), out)

@@ -55,12 +55,29 @@ from pydantic import BaseModel, Field, ValidationError
 from edgehft.errors import BundleError
 
 FORMAT = "edgehft-bundle"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # Format 2: the cpu board's native-bf16 plan (native.json steps conv2d / maxpool / concat / reshape). Format 3:
-# the ONNX Runtime plans (ort-float, ort-int8: model_file is model.onnx). A bundle is written with the lowest
-# format that describes it, so boxes with an older edgehft still take the rest.
+# the ONNX Runtime plans (ort-float, ort-int8: model_file is model.onnx). Format 4: a native-bf16 plan whose
+# LSTM keeps its recurrent kernel in bf16 (native.json lstm steps' "recurrent": "bf16"; an older edgehft would
+# run it in fp32 and miss the golden vectors). A bundle is written with the lowest format that describes it
+# (:func:`format_version_for`), so boxes with an older edgehft still take the rest.
 FORMAT_VERSION_FOR_PLAN = {"native-bf16": 2, "ort-float": 3, "ort-int8": 3}
+FORMAT_VERSION_BF16_RECURRENT = 4
 MANIFEST = "manifest.json"
+
+
+def format_version_for(plan: str, files: dict | None = None) -> int:
+    """The lowest bundle format that describes plan ``plan`` with its files (``files``: bundle path -> bytes or
+    Path; its ``native.json``, where there is one, is read for LSTM steps with bf16 recurrent weights)."""
+    version = FORMAT_VERSION_FOR_PLAN.get(plan, 1)
+    native = (files or {}).get("native.json")
+    if native is None:
+        return version
+    raw = native.read_bytes() if isinstance(native, Path) else native
+    steps = json.loads(raw).get("steps", [])
+    if any(st.get("kind") == "lstm" and st.get("recurrent") == "bf16" for st in steps):
+        version = max(version, FORMAT_VERSION_BF16_RECURRENT)
+    return version
 # A cpu bundle may carry more than one plan: the top level is the compile host's choice (what every reader,
 # old ones too, runs), each other plan a complete sub-bundle in plans/<name>/ whose files the top manifest
 # also lists; the manifest's ``plans`` names them all. No format bump: an edgehft that does not know ``plans``

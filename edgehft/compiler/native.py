@@ -268,7 +268,8 @@ def _conv_step(o: ConvOp, p: int, files: dict) -> dict:
 
 def _lstm_steps(o: LstmOp, p: int, convs: bool, files: dict) -> list[dict]:
     """The native LSTM step of ``o`` at op ``p``, after its input projection as a conv step when
-    ``convs``; the weights go to ``files``."""
+    ``convs`` (the native-bf16 plan, whose LSTM also keeps its recurrent kernel in bf16: ``"recurrent":
+    "bf16"``); the weights go to ``files``."""
     steps = []
     src = o.input
     if convs:                   # the input projection on the conv kernel: (T, 1, in) -> (T, 1, 4H)
@@ -281,7 +282,8 @@ def _lstm_steps(o: LstmOp, p: int, convs: bool, files: dict) -> list[dict]:
                       "what": "LSTM input projection"})
     steps.append({"kind": "lstm", "op": p, "weights": f"native/op{p}.npz", "inputs": [src],
                   "outputs": [o.output], "timesteps": o.timesteps, "input_size": int(o.kernel.shape[0]),
-                  "hidden": int(o.recurrent.shape[0]), "cell_clip": o.cell_clip, "projected": bool(convs)})
+                  "hidden": int(o.recurrent.shape[0]), "cell_clip": o.cell_clip, "projected": bool(convs),
+                  **({"recurrent": "bf16"} if convs else {})})
     files[f"native/op{p}.npz"] = _npz(kernel=o.kernel, recurrent_kernel=o.recurrent, bias=o.bias,
                                       cell_clip=np.float32(o.cell_clip))
     return steps

@@ -16,7 +16,7 @@ import numpy as np
 
 from edgehft import __version__, backends
 from edgehft.boards import load_board
-from edgehft.bundle import (FORMAT_VERSION_FOR_PLAN, Bundle, Features, Manifest, PlanEntry, Quantization,
+from edgehft.bundle import (Bundle, Features, Manifest, PlanEntry, Quantization, format_version_for,
                             SourceModel, TensorSpec, plan_files, sha256_arrays, sha256_file, write_bundle)
 from edgehft.compiler.drift import measure_drift
 from edgehft.compiler.golden import golden_record, run_golden
@@ -267,7 +267,7 @@ def _build_bundle(stage, ctx: StageInput, r: dict, quant: str, plan_section, pip
         "ir", "inputs", "outputs", "manifest", "draft", "gold", "drift", "model_file"))
     manifest.golden, golden, golden_files = golden_record(draft, board, gold, inputs, outputs)
     _golden_floor(manifest, golden, r)
-    manifest.format_version = FORMAT_VERSION_FOR_PLAN.get(quant, 1)
+    manifest.format_version = format_version_for(quant, r.get("native_files"))
     files: dict[str, bytes | Path] = {manifest.model_file: model_file, **golden_files}
     manifest.toolchain = {**info["versions"], "edgehft": __version__, "interpreter": gold.path,
                           "python": platform.python_version()}
@@ -327,7 +327,7 @@ def _plan_bundles(ctx: StageInput, r: dict, quant: str, manifest: Manifest, pipe
         m, plan = o["manifest"], o["manifest"].quantization.mode
         m.golden, section, golden_files = golden_record(o["draft"], ctx.board, o["gold"], o["inputs"], o["outputs"])
         _golden_floor(m, section, o)
-        m.format_version = FORMAT_VERSION_FOR_PLAN.get(plan, 1)
+        m.format_version = format_version_for(plan, o.get("native_files"))
         m.toolchain = {**manifest.toolchain, "interpreter": o["gold"].path}
         sub = {m.model_file: o["model_file"], **golden_files, **(o.get("native_files") or {})}
         _attach_features(m, sub, pipeline)
@@ -419,14 +419,15 @@ def _evaluate_onnx(model_file: Path, quant: str, where: Path, *, model, info, bo
 def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> list:
     """The native plans (:mod:`edgehft.compiler.native`) that apply here: ``native`` when the model has
     LSTM ops the kernel takes (the dynamic-range graph, LSTM weights from the float conversion);
-    ``native-bf16`` when it has CONV_2D or LSTM ops the kernels take and this host runs AMX-BF16 (elsewhere
-    the conv kernel's portable loop is slower than LiteRT: not worth timing). Each is said when skipped.
-    ``only``: that plan alone, asked for by name (native-bf16 then builds where AMX is missing: the bundle
-    is for another host; its golden vectors come from the portable loop)."""
+    ``native-bf16`` when it has CONV_2D or LSTM ops the kernels take and this host runs bf16 products in
+    hardware, AMX-BF16 tiles or AVX512_BF16's VDPBF16PS (elsewhere the conv kernel's fp32 loop on bf16
+    operands is slower than LiteRT: not worth timing). Each is said when skipped.
+    ``only``: that plan alone, asked for by name (native-bf16 then builds on any host: the bundle may be for
+    another; its golden vectors come from this host's conv path, the same products and sums)."""
     from edgehft.compiler.native import native_files
     from edgehft.compiler.plans import Candidate
     from edgehft.errors import BoardUnavailableError
-    from edgehft.kernels.cpu.conv import amx_available
+    from edgehft.kernels.cpu.build import targets
     dyn, flt = work / "worker" / "model_dynamic.tflite", work / "worker" / "model_float.tflite"
     if not (dyn.is_file() and flt.is_file()):
         if only:
@@ -437,12 +438,13 @@ def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> li
         if only and plan != only:
             continue
         try:
-            if plan == "native-bf16" and not amx_available():
+            if plan == "native-bf16" and not {"amx", "avx3_bf16"} & set(targets()):
                 if not only:
-                    say("plan native-bf16: skipped (this CPU or OS does not run AMX-BF16 tiles)")
+                    say("plan native-bf16: skipped (this CPU or OS runs neither AMX-BF16 tiles nor AVX512_BF16)")
                     continue
-                say("plan native-bf16: this host has no AMX-BF16: golden vectors and drift come from the conv "
-                    "kernel's portable loop (the same bf16 operands, fp32 sums), timing here means nothing")
+                say("plan native-bf16: this host has no bf16 products in hardware: golden vectors and drift come "
+                    "from the conv kernel's fp32 loop (the same bf16 operands and fp32 sums), its timing here "
+                    "says little about a box with AMX or AVX512_BF16")
             files = native_files(graph, **kw)
         except LoweringError as exc:
             if only:

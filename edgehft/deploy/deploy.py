@@ -379,7 +379,7 @@ def _probe(steps: _Steps, b, spec, force: bool, res: DeployResult, plan: str | N
     modes = ([plan] if plan else b.plan_names()) if steps.ctx["choose_on_box"] else [top]
     for why in board_mismatches(spec, facts, b.manifest.format_version,
                                 needs_kernels=all(m.startswith("native") for m in modes),
-                                needs_amx=all(m == "native-bf16" for m in modes)):
+                                needs_bf16=all(m == "native-bf16" for m in modes)):
         if not force:
             raise DeployError(f"the box is not a {res.board}: {why}",
                               hint="deploy to the right box, or pass --force if you know better")

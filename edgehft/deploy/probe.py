@@ -29,7 +29,7 @@ from pathlib import Path
 from edgehft.deploy.probe_rules import read_text
 from edgehft.deploy.probe_rules.jetson import parse_l4t   # public here since before the rules moved
 
-__all__ = ["PACKAGES", "amx_missing", "board_mismatches", "kernels_missing", "native_kernels", "parse_l4t",
+__all__ = ["PACKAGES", "bf16_missing", "board_mismatches", "kernels_missing", "native_kernels", "parse_l4t",
            "probe_box"]
 
 PACKAGES = ("edgehft", "ai-edge-litert", "tflite-runtime", "onnxruntime", "numpy", "pynq", "tensorrt", "pycoral")
@@ -51,7 +51,7 @@ def _cpu_flags(root: Path) -> list[str] | None:
         return None
     for line in text.splitlines():
         if line.startswith("flags"):
-            return sorted(set(line.split(":", 1)[1].split()) & {"avx512f", "amx_tile", "amx_bf16"})
+            return sorted(set(line.split(":", 1)[1].split()) & {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
     return []
 
 
@@ -160,30 +160,32 @@ def kernels_missing(facts: dict) -> str | None:
     return f"the box's edgehft has {lib} and cannot build one: {cannot}; " + _KERNELS_HINT
 
 
-def amx_missing(facts: dict) -> str | None:
-    """Why the box in ``facts`` cannot run the native-bf16 plan's AMX-BF16 convs (from the CPU flags it
-    reports, and the targets its kernel library runs when it reports them), or None."""
+def bf16_missing(facts: dict) -> str | None:
+    """Why the box in ``facts`` cannot run the native-bf16 plan's bf16 products in hardware, AMX-BF16 tiles or
+    AVX512_BF16's VDPBF16PS (from the CPU flags it reports, and the targets its kernel library runs when it
+    reports them), or None."""
     flags = facts.get("cpu_flags")
-    if flags is not None and not {"amx_tile", "amx_bf16"} <= set(flags):
-        return ("the box's CPU has no AMX-BF16 (cpu flags: " + (", ".join(flags) or "none of avx512f/amx") +
-                "): the bundle's native-bf16 plan would run its convs on the portable loop, several times slower "
-                "than LiteRT; compile with --quant auto on a host like the box, or --quant native")
+    if flags is not None and not ({"amx_tile", "amx_bf16"} <= set(flags) or "avx512_bf16" in flags):
+        return ("the box's CPU has neither AMX-BF16 nor AVX512_BF16 (cpu flags: " +
+                (", ".join(flags) or "none of avx2/avx512f/avx512_bf16/amx") + "): the bundle's native-bf16 plan "
+                "would run its convs on the fp32 loop, several times slower than LiteRT; compile with --quant auto "
+                "on a host like the box, or --quant native")
     targets = (facts.get("native_kernels") or {}).get("targets")
-    if targets and "amx" not in targets:
-        return ("the box's native kernels cannot use AMX there (they run: " + ", ".join(targets) + "; Linux must "
-                "grant AMX tile data): the bundle's native-bf16 plan would run its convs without AMX; compile "
-                "with --quant auto on a host like the box, or --quant native")
+    if targets and not {"amx", "avx3_bf16"} & set(targets):
+        return ("the box's native kernels run no bf16 products in hardware there (they run: " + ", ".join(targets) +
+                "; AMX needs Linux to grant AMX tile data): the bundle's native-bf16 plan would run its convs on the "
+                "fp32 loop; compile with --quant auto on a host like the box, or --quant native")
     return None
 
 
 def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_kernels: bool = False,
-                     needs_amx: bool = False, needs_cxx: bool = False) -> list[str]:
+                     needs_bf16: bool = False, needs_cxx: bool = False) -> list[str]:
     """Why the box described by ``facts`` is not ``board`` (empty when it is).
 
     Every box needs an edgehft that reads the bundle's format version; ``needs_kernels`` (a cpu bundle
     whose every plan the box may run is native): a native kernel library that loads there, or what builds
-    one (:func:`kernels_missing`); ``needs_amx`` (the native-bf16 plan): a CPU with AMX-BF16 the kernels can
-    use (:func:`amx_missing`). ``needs_cxx`` is the older name of ``needs_kernels``. What makes a box the
+    one (:func:`kernels_missing`); ``needs_bf16`` (the native-bf16 plan): a CPU with AMX-BF16 or AVX512_BF16
+    the kernels can use (:func:`bf16_missing`). ``needs_cxx`` is the older name of ``needs_kernels``. What makes a box the
     board is the board's backend's own probe (:mod:`edgehft.backends`, ``probe``; the built-ins' rules are in
     :mod:`edgehft.deploy.probe_rules`: a LiteRT interpreter on every box but a Jetson, plus PYNQ's ``BOARD``,
     the Jetson's L4T release and module, an Edge TPU on the Coral board's bus).
@@ -197,7 +199,7 @@ def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_k
     if facts.get("bundle_format_version", 0) < bundle_format_version:
         why.append(f"the box's edgehft {pk.get('edgehft', '?')} reads bundle format "
                    f"{facts.get('bundle_format_version')}; this bundle is format {bundle_format_version}")
-    for needed, rule in ((needs_amx, amx_missing), (needs_kernels or needs_cxx, kernels_missing)):
+    for needed, rule in ((needs_bf16, bf16_missing), (needs_kernels or needs_cxx, kernels_missing)):
         reason = rule(facts) if needed else None
         if reason:
             why.append(reason)

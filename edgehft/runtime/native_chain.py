@@ -147,10 +147,11 @@ def _open_kernel(root: Path, st: dict, portable: bool = False):
         k = NativePad(st["in_hw"], st["channels"], st["pads"])
         return k, k.out
     if kind == "lstm":
-        from edgehft.kernels.cpu.lstm import NativeLSTM
+        from edgehft.kernels.cpu.lstm import NativeLSTM, recurrent_bf16_of
         with np.load(root / st["weights"]) as w:
             k = NativeLSTM([(w["kernel"], w["recurrent_kernel"], w["bias"])], st["timesteps"], True,
-                           cell_clip=float(w["cell_clip"]), portable=portable)
+                           cell_clip=float(w["cell_clip"]), portable=portable,
+                           recurrent_bf16=recurrent_bf16_of(st))
         if st.get("projected"):
             k.projected()
         return k, k.out.reshape(1, *k.out.shape)          # a view: (1, T, H)

@@ -307,14 +307,15 @@ def _reshape(plan: Plan, st: dict, analysis) -> None:
 
 def _lstm(plan: Plan, st: dict, root, analysis, portable: bool) -> str:
     """The LSTM on its projections: the kernel, the steps before the tick; returns its output's name."""
-    from edgehft.kernels.cpu.lstm import NativeLSTM
+    from edgehft.kernels.cpu.lstm import NativeLSTM, recurrent_bf16_of
     proj = plan.tensors.get(st["inputs"][0])
     if not st.get("projected") or proj is None:
         raise _refuse(f"op #{st['op']} LSTM: the chain executor runs an LSTM fed by its input projections along "
                       "time (plan native-bf16)")
     with np.load(root / st["weights"]) as z:
         k = NativeLSTM([(z["kernel"], z["recurrent_kernel"], z["bias"])], st["timesteps"], True,
-                       cell_clip=float(z["cell_clip"]), portable=portable).projected()
+                       cell_clip=float(z["cell_clip"]), portable=portable,
+                       recurrent_bf16=recurrent_bf16_of(st)).projected()
     row = analysis.op(int(st["op"]))
     if k.timesteps != proj.rows or proj.row != 4 * k.hidden[0]:
         k.close()

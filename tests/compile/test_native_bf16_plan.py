@@ -33,9 +33,10 @@ def bf16_bundle(models, tmp_path_factory):
 def test_bundle_runs_convs_and_lstm_projection_natively(bf16_bundle):
     b = load_bundle(bf16_bundle)
     assert b.manifest.quantization.mode == "native-bf16" and b.manifest.artifacts["native"] == "native.json"
-    assert b.manifest.format_version == 2                    # older edgehft (format 1) refuses it up front
+    assert b.manifest.format_version == 4      # its LSTM's bf16 recurrent kernel: an older edgehft refuses it
     graph = json.loads((bf16_bundle / "native.json").read_text())
     steps = graph["steps"]
+    assert [st.get("recurrent") for st in steps if st["kind"] == "lstm"] == ["bf16"]
     # RESHAPE of the input, conv+lrelu, conv+lrelu, max pool, two convs, CONCATENATION, RESHAPE, projection,
     # LSTM, its last step (a STRIDED_SLICE view), Dense, softmax: no LiteRT segment left
     assert [s["kind"] for s in steps] == ["reshape", "conv2d", "conv2d", "maxpool", "conv2d", "conv2d", "concat",
@@ -112,10 +113,11 @@ def test_independent_chain_reproduces_the_golden_vectors(bf16_bundle):
                 out, _ = reference_conv(bf16(xin), bf16(w["weights"]), w["bias"] if "bias" in w.files else None,
                                         st["stride"], st["padding"], st["activation"], st["alpha"])
                 env[st["outputs"][0]] = out[None].astype(np.float32)
-            else:                                     # the recurrence on the projection: z = g + h @ U
+            else:                                     # the recurrence on the projection: z = g + h @ bf16(U)
                 g = src.reshape(st["timesteps"], -1)
                 G = g.shape[1]
-                h = reference_lstm([(np.eye(G), w["recurrent_kernel"], np.zeros(G))], g, True, float(w["cell_clip"]))
+                U = bf16(w["recurrent_kernel"]) if st.get("recurrent") == "bf16" else w["recurrent_kernel"]
+                h = reference_lstm([(np.eye(G), U, np.zeros(G))], g, True, float(w["cell_clip"]))
                 env[st["outputs"][0]] = h[None].astype(np.float32)
         assert np.abs(env[graph["outputs"][0]] - y[n:n + 1]).max() < 1e-5
 

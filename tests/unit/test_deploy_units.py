@@ -6,6 +6,7 @@ import shlex
 
 import pytest
 
+from edgehft.bundle import FORMAT_VERSION
 from edgehft.boards import load_board
 from edgehft.deploy.inventory import read_inventory
 from edgehft.deploy.probe import board_mismatches, parse_l4t, probe_box
@@ -58,7 +59,7 @@ def test_probe_reads_the_vendor_files(tmp_path):
     pynq = _tree(tmp_path / "pynq", {"etc/environment": 'PATH="/usr/bin"\nBOARD=Pynq-Z2\n'})
     assert probe_box(pynq)["pynq_board"] == "Pynq-Z2"
     here = probe_box()
-    assert here["packages"]["edgehft"] and here["bundle_format_version"] == 3
+    assert here["packages"]["edgehft"] and here["bundle_format_version"] == FORMAT_VERSION == 4
 
 
 def test_board_identity_rules():
@@ -77,7 +78,7 @@ def test_board_identity_rules():
     assert board_mismatches(load_board("coral-usb"), {**litert, "edgetpu": {"usb": 1, "pci": 0}}) == []
     assert "no Edge TPU on PCI" in board_mismatches(load_board("coral-pcie"), {**litert, "edgetpu": {"usb": 1, "pci": 0}})[0]
     assert "reads bundle format 0" in board_mismatches(load_board("cpu"), {**litert, "bundle_format_version": 0})[0]
-    # a native-bf16 bundle is format 2: a box whose edgehft reads format 1 is refused, other bundles are not
+    # a native-bf16 bundle of convs is format 2: a box whose edgehft reads format 1 is refused, other bundles are not
     assert "this bundle is format 2" in board_mismatches(load_board("cpu"), litert, 2)[0]
     assert board_mismatches(load_board("cpu"), litert, 1) == []
 
@@ -85,8 +86,8 @@ def test_board_identity_rules():
 
 def test_native_kernel_rules():
     """A native bundle needs a kernel library that loads on the box, or g++ and Highway's headers to build
-    one; AMX-only plans need AMX the kernels can use. Boxes whose edgehft predates the native_kernels fact
-    build at first open, so they need g++."""
+    one; native-bf16-only bundles need AMX-BF16 or AVX512_BF16 the kernels can use. Boxes whose edgehft
+    predates the native_kernels fact build at first open, so they need g++."""
     cpu = load_board("cpu")
     litert = {"packages": {"edgehft": "0.3.0", "ai-edge-litert": "2.3.0"}, "bundle_format_version": 2}
     none = {"prebuilt": None, "cached": None, "targets": None, "error": None, "compiler": None, "highway": None}
@@ -112,17 +113,21 @@ def test_native_kernel_rules():
     assert "no C++ compiler (g++) on the box" in board_mismatches(cpu, old, needs_kernels=True)[0]
     assert "edgehft 0.2.0 builds them" in board_mismatches(cpu, old, needs_kernels=True)[0]
     assert board_mismatches(cpu, {**old, "cxx": "/usr/bin/g++"}, needs_kernels=True) == []
-    # AMX-only plans: refused without AMX-BF16, with the reason, whatever else the box has
-    no_amx = {**litert, "native_kernels": prebuilt, "cpu_flags": ["avx512f"]}
-    why = board_mismatches(cpu, no_amx, needs_kernels=True, needs_amx=True)
-    assert len(why) == 1 and "no AMX-BF16 (cpu flags: avx512f)" in why[0]
-    amx = {**no_amx, "cpu_flags": ["amx_bf16", "amx_tile", "avx512f"]}
-    assert "cannot use AMX there (they run: avx3, avx2, scalar" in board_mismatches(
-        cpu, amx, needs_kernels=True, needs_amx=True)[0]
+    # native-bf16-only bundles: refused without bf16 products in hardware (AMX-BF16 or AVX512_BF16), with the
+    # reason, whatever else the box has
+    no_bf16 = {**litert, "native_kernels": prebuilt, "cpu_flags": ["avx2", "avx512f"]}
+    why = board_mismatches(cpu, no_bf16, needs_kernels=True, needs_bf16=True)
+    assert len(why) == 1 and "neither AMX-BF16 nor AVX512_BF16 (cpu flags: avx2, avx512f)" in why[0]
+    amx = {**no_bf16, "cpu_flags": ["amx_bf16", "amx_tile", "avx512f"]}
+    assert "run no bf16 products in hardware there (they run: avx3, avx2, scalar" in board_mismatches(
+        cpu, amx, needs_kernels=True, needs_bf16=True)[0]
     amx["native_kernels"] = {**prebuilt, "targets": ["amx", "avx3_bf16", "avx3", "avx2", "scalar"]}
-    assert board_mismatches(cpu, amx, needs_kernels=True, needs_amx=True) == []
-    assert "no AMX-BF16" in board_mismatches(cpu, {**old, "cxx": "/usr/bin/g++", "cpu_flags": []},
-                                             needs_kernels=True, needs_amx=True)[0]
+    assert board_mismatches(cpu, amx, needs_kernels=True, needs_bf16=True) == []
+    zen4 = {**no_bf16, "cpu_flags": ["avx2", "avx512_bf16", "avx512f"],
+            "native_kernels": {**prebuilt, "targets": ["avx3_bf16", "avx3", "avx2", "scalar"]}}
+    assert board_mismatches(cpu, zen4, needs_kernels=True, needs_bf16=True) == []
+    assert "neither AMX-BF16 nor AVX512_BF16" in board_mismatches(cpu, {**old, "cxx": "/usr/bin/g++", "cpu_flags": []},
+                                                                  needs_kernels=True, needs_bf16=True)[0]
 
 
 def test_probe_reports_the_native_kernels_here(tmp_path, monkeypatch):

@@ -5,7 +5,8 @@ other native kernel tests check). Skipped where the cross compiler or QEMU is mi
 about speed on ARM.
 
 A small C++ driver (below) calls the kernels' C API on every target its CPU runs (LSTM: two stacked layers
-with a cell clip; CONV_2D: 2x4 stride (3, 2) VALID with LEAKY_RELU; FULLY_CONNECTED) on inputs from a fixed
+with a cell clip, with fp32 and with bf16 recurrent weights, whose vector-pair layout depends on the target's
+lanes; CONV_2D: 2x4 stride (3, 2) VALID with LEAKY_RELU; FULLY_CONNECTED) on inputs from a fixed
 LCG and prints each output's FNV-1a hash of the float bits and its first value.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ extern "C" {
 const char* edgehft_cpu_targets();
 int edgehft_cpu_set_target(const char*);
 void* edgehft_lstm_create(int, int, int, const int*, const float* const*, const float* const*, const float* const*,
-                          int, float);
+                          int, float, int);
 int edgehft_lstm_run(void*, const float*, float*);
 void* edgehft_conv_create(const int*, const float*, const float*, int, float, int);
 int edgehft_conv_run(void*, const float*, float*);
@@ -52,12 +53,13 @@ int main() {
     for (auto* v : {&cw, &cb, &cx, &dw, &db, &dx}) fill(*v, 4.0f);
     for (const char* t : {"avx3", "avx2", "neon", "scalar"}) {
         if (edgehft_cpu_set_target(t) != 0) continue;
-        std::vector<float> ly(T * 100), cy(4 * 4 * 33), dy(3 * 40);
-        edgehft_lstm_run(edgehft_lstm_create(2, T, IN, Hs, Ws, Us, bs, 1, 3.0f), x.data(), ly.data());
+        std::vector<float> ly(T * 100), lb(T * 100), cy(4 * 4 * 33), dy(3 * 40);
+        edgehft_lstm_run(edgehft_lstm_create(2, T, IN, Hs, Ws, Us, bs, 1, 3.0f, 0), x.data(), ly.data());
+        edgehft_lstm_run(edgehft_lstm_create(2, T, IN, Hs, Ws, Us, bs, 1, 3.0f, 1), x.data(), lb.data());
         edgehft_conv_run(edgehft_conv_create(dims, cw.data(), cb.data(), 4, 0.1f, 1), cx.data(), cy.data());
         edgehft_dense_run(edgehft_dense_create(3, 77, 40, dw.data(), db.data(), 0), dx.data(), dy.data());
-        printf("%s lstm %016llx %.9g conv %016llx %.9g dense %016llx %.9g\n", t, fnv(ly), ly[0], fnv(cy), cy[0],
-               fnv(dy), dy[0]);
+        printf("%s lstm %016llx %.9g lstm-bf16 %016llx %.9g conv %016llx %.9g dense %016llx %.9g\n", t, fnv(ly),
+               ly[0], fnv(lb), lb[0], fnv(cy), cy[0], fnv(dy), dy[0]);
     }
 }
 """
@@ -69,6 +71,6 @@ def test_aarch64_build_gives_the_x86_bits(tmp_path, aarch64_library):
     assert arm_targets == ["neon", "scalar"] and list(arm) == arm_targets
     assert set(x86) == set(x86_targets) - set(build.CONV_ONLY)
     want = x86[[t for t in x86_targets if t not in build.CONV_ONLY][0]]
-    assert "nan" not in want and len(set(want.split()[1::3])) == 3        # three different, finite outputs
+    assert "nan" not in want and len(set(want.split()[1::3])) == 4        # four different, finite outputs
     for t, got in {**x86, **arm}.items():
         assert got == want, (t, got, want)

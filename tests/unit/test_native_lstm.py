@@ -16,7 +16,7 @@ from edgehft.errors import BoardUnavailableError, DTypeError, InputError, ShapeE
 from edgehft.kernels.cpu import lstm as native_lstm
 from edgehft.kernels.cpu.build import force_target
 from edgehft.kernels.cpu.lstm import NativeLSTM, activations
-from native_reference import BOUND, SAT_BOUND, cpu_targets, reference_lstm, sigmoid, simd_target
+from native_reference import BOUND, SAT_BOUND, bf16, cpu_targets, reference_lstm, sigmoid, simd_target
 
 TARGETS = cpu_targets()      # every dispatch target this CPU runs (amx, avx3_bf16, avx3, avx2, neon, scalar)
 
@@ -70,6 +70,48 @@ def test_projected_input_runs_only_the_recurrence(target):
         assert np.abs(k.run(g) - reference_lstm([(np.eye(4 * H), U, b * 0)], g, True)).max() < BOUND
     with pytest.raises(ShapeError, match="single-layer"):
         NativeLSTM(random_layers(rng, 4, [3, 3]), 5).projected()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("H", [1, 7, 64, 100, 130])
+def test_bf16_recurrent_weights_are_the_fp32_kernel_on_rounded_weights(H, target):
+    """recurrent_bf16 (the native-bf16 plan): the bits of the fp32 kernel given U rounded to bf16 (nearest
+    even), stacked or not, whole window, projected and step by step, on every target (the vector-pair layout
+    differs with the lanes: H = 130 takes several chunks on AVX2); and the rounding is there: the outputs
+    differ from the fp32 weights' by more than the fp32 bound but stay within bf16's."""
+    rng = np.random.default_rng(100 + H)
+    for in_size, T in ((13, 9), (192, 40)):
+        layers = random_layers(rng, in_size, [H, 33])
+        rounded = [(W, bf16(U), b) for W, U, b in layers]
+        x = rng.normal(0, 1, (T, in_size)).astype(np.float32)
+        with force_target(target):
+            half = NativeLSTM(layers, T, True, cell_clip=3.0, recurrent_bf16=True).run(x).copy()
+            want = NativeLSTM(rounded, T, True, cell_clip=3.0).run(x).copy()
+            one = NativeLSTM(layers[:1], T, True, recurrent_bf16=True).projected()
+            one_ref = NativeLSTM(rounded[:1], T, True).projected()
+        assert np.array_equal(half, want), (H, in_size, T)
+        err = np.abs(half - reference_lstm(layers, x, True, cell_clip=3.0)).max()
+        assert BOUND < err < 0.05, err
+        g = rng.normal(0, 1, (T, 4 * H)).astype(np.float32)
+        whole = one.run(g).copy()
+        assert np.array_equal(whole, one_ref.run(g))
+        h = np.zeros(H, np.float32)
+        one.steps(g[: T // 2], 0)
+        one.steps(g[T // 2:], T // 2, h)
+        assert np.array_equal(h, whole[-1])
+
+
+def test_recurrent_precision_of_a_native_json_step():
+    """A native.json LSTM step's "recurrent" field: absent or fp32 -> fp32, bf16 -> bf16, anything else (a
+    newer or damaged bundle) a BundleError that says what to do."""
+    from edgehft.errors import BundleError
+    from edgehft.kernels.cpu.lstm import recurrent_bf16_of
+    assert recurrent_bf16_of({}) is False and recurrent_bf16_of({"recurrent": "fp32"}) is False
+    assert recurrent_bf16_of({"recurrent": "bf16"}) is True
+    for bad in ("int8", None, 1, ["bf16"]):
+        with pytest.raises(BundleError, match="recompile the bundle|upgrade edgehft") as e:
+            recurrent_bf16_of({"recurrent": bad})
+        assert "fp32 or bf16" in str(e.value)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -25,7 +25,7 @@ extern "C" {
 const char* edgehft_cpu_targets();
 int edgehft_cpu_set_target(const char*);
 void* edgehft_lstm_create(int, int, int, const int*, const float* const*, const float* const*, const float* const*,
-                          int, float);
+                          int, float, int);
 int edgehft_lstm_run(void*, const float*, float*);
 void* edgehft_stream_create(int, int, int, const int*, const float* const*, const float* const*,
                             const float* const*, const float*, int, const float*, const float*, int);
@@ -48,7 +48,7 @@ int main() {
     const float clips[2] = {3.0f, 3.0f};
     for (const char* t : {"avx3", "avx2", "neon", "scalar"}) {
         if (edgehft_cpu_set_target(t) != 0) continue;
-        void* net = edgehft_lstm_create(2, T, IN, Hs, Ws, Us, bs, 0, 3.0f);
+        void* net = edgehft_lstm_create(2, T, IN, Hs, Ws, Us, bs, 0, 3.0f, 0);
         void* last = edgehft_stream_create(2, T, IN, Hs, Ws, Us, bs, clips, 0, nullptr, nullptr, 1);
         void* head = edgehft_stream_create(2, T, IN, Hs, Ws, Us, bs, clips, 3, hw.data(), hb.data(), 0);
         unsigned long long h = 1469598103934665603ull;

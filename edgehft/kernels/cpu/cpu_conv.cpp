@@ -88,9 +88,9 @@ struct Conv {
     int slot;                // the Highway target slot (cpu_dispatch.h) of the SIMD code and epilogue
 };
 
-// The largest finite bfloat16 (0x7F7F). Inputs beyond it saturate there instead of rounding to inf (an
-// fp32 conv of a large but finite value stays finite; a NaN stays NaN).
-constexpr float kBf16Max = 3.38953139e38f;
+// The largest finite bfloat16 (0x7F7F, cpu_dispatch.h). Inputs beyond it saturate there instead of rounding
+// to inf (an fp32 conv of a large but finite value stays finite; a NaN stays NaN).
+using ::edgehft::kBf16Max;
 
 struct Fns {
     void (*round_f32)(const float* x, float* y, size_t n);        // y = bf16(x) as fp32
@@ -293,19 +293,6 @@ using conv::Conv;
 
 const conv::Fns* const kTable[kSlots] = EDGEHFT_SLOT_TABLE(kConvFns);
 
-inline uint16_t to_bf16(float f) {
-    f = f > conv::kBf16Max ? conv::kBf16Max : f < -conv::kBf16Max ? -conv::kBf16Max : f;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return static_cast<uint16_t>(u >> 16);
-}
-inline float from_bf16(uint16_t h) {
-    uint32_t u = static_cast<uint32_t>(h) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 // One input buffer per thread, shared by every conv the thread runs (so a chain of convs keeps one such
 // buffer in cache, not one per conv); grown, zero-filled, when a conv needs more. A run re-zeroes its own
@@ -570,8 +557,8 @@ void* edgehft_conv_create(const int* dims, const float* weights, const float* bi
         k->bias[co] = bias ? bias[co] : 0.0f;
         for (int i = 0; i < k->kh; ++i)
             for (int q = 0; q < kwc; ++q) {
-                const uint16_t b = to_bf16(weights[((static_cast<size_t>(co) * k->kh + i) * k->kw) * k->C + q]);
-                k->wf[(static_cast<size_t>(i) * kwc + q) * Cop + co] = from_bf16(b);
+                const uint16_t b = bf16_bits(weights[((static_cast<size_t>(co) * k->kh + i) * k->kw) * k->C + q]);
+                k->wf[(static_cast<size_t>(i) * kwc + q) * Cop + co] = bf16_value(b);
                 const int kb = q / 32, kp = (q % 32) / 2, e = q % 2, nb = co / 16, n = co % 16;
                 k->wt[((((static_cast<size_t>(i) * k->KB + kb) * k->NB + nb) * 16 + kp) * 16 + n) * 2 + e] = b;
             }

@@ -19,7 +19,11 @@
 // the same bits (tests/unit/test_native_dispatch.py asserts it).
 //
 // Layout: weights are copied at create in Keras column order (i | f | c | o, 4H columns) with zero
-// columns after 4H up to Np = 16 * ceil(4H / 16), rows 64-byte aligned.
+// columns after 4H up to Np = 16 * ceil(4H / 16), rows 64-byte aligned. With recurrent_bf16 (the native-bf16
+// plan) U is rounded to bf16 (nearest even) and stored as vector pairs in 32-bit words (BF16_PAIRS below):
+// widening a bf16 is exact, so the sums are the fp32 code's on the rounded U, and a step reads half the bytes.
+// The recurrence reads all of U every step, from L2 once U outgrows L1 (LSTM_A's 100 x 400: 160 KB fp32), and
+// that bandwidth bounds it: on an AMD Zen 4 core bf16 pairs made LSTM_A's window 270 -> 211 µs.
 //
 // Schedule (per Highway target, chosen at create: cpu_dispatch.h): (1) the input projection for all T
 // steps is one GEMM G[T][Np] = X @ W + b, register blocked (5 rows x kGemmVecs vectors); (2) per step,
@@ -49,6 +53,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "cpu_lstm.h"
 
@@ -163,68 +168,95 @@ void Gemm(const float* X, int ldx, int T, int K, const float* W, int N, const fl
 // s is null.
 // So the step of a row takes the same roundings whether its recurrent sum runs in the same pass or ran ahead
 // (the stream executor computes h_{T-2} @ U before the tick, only g after it).
-template <int NV>
+// BF16_PAIRS: the recurrent weights of a row as bf16 in 32-bit words, vectors in pairs: for vectors 2p and
+// 2p + 1 of the row's N / L vectors, L words whose low halves are vector 2p's lanes and high halves vector
+// 2p + 1's (zero when N / L is odd and 2p + 1 is past the end). One load gives two vectors, each widened with
+// one shift or one mask: half the bytes of fp32 weights from L2 for the same fused multiply-adds. A row is
+// PairedRow(N, L) words; the layout depends on the target's lanes (lstm::Fns::lanes).
+HWY_INLINE int PairedRow(int N, int L) { return L * ((N / L + 1) / 2); }
+
+// acc[0..NV) = hprev @ U for the NV vectors from v0, summed from zero (k ascending, one fused multiply-add per
+// term). U is either fp32 rows of N floats (Wt = float) or bf16 rows in pairs (Wt = uint32_t, see
+// BF16_PAIRS below; v0 even): a bf16 weight widened to fp32 is exact (its 16 low bits zero), so both layouts
+// give the bits of the fp32 code on the bf16-rounded weights.
+template <int NV, typename Wt>
+HWY_INLINE void RecurSum(const float* hprev, int H, int N, const Wt* U, int v0, V* acc) {
+    const D d;
+    const int L = static_cast<int>(hn::Lanes(d));
+    EDGEHFT_UNROLL for (int v = 0; v < NV; v++) acc[v] = hn::Zero(d);
+    if constexpr (std::is_same_v<Wt, float>) {
+        for (int k = 0; k < H; k++) {
+            const V hv = hn::Set(d, hprev[k]);
+            const float* u = U + (size_t)k * N + L * v0;
+            EDGEHFT_UNROLL for (int v = 0; v < NV; v++) acc[v] = Fma(d, hv, hn::Load(d, u + L * v), acc[v]);
+        }
+    } else {
+        const hn::RebindToUnsigned<D> du;
+        const auto hi_mask = hn::Set(du, 0xFFFF0000u);
+        for (int k = 0; k < H; k++) {
+            const V hv = hn::Set(d, hprev[k]);
+            const uint32_t* u = U + (size_t)k * PairedRow(N, L) + L * (v0 / 2);
+            EDGEHFT_UNROLL for (int p = 0; p < (NV + 1) / 2; p++) {
+                const auto pair = hn::Load(du, u + L * p);
+                acc[2 * p] = Fma(d, hv, hn::BitCast(d, hn::ShiftLeft<16>(pair)), acc[2 * p]);
+                if (2 * p + 1 < NV) acc[2 * p + 1] = Fma(d, hv, hn::BitCast(d, hn::And(pair, hi_mask)), acc[2 * p + 1]);
+            }
+        }
+    }
+}
+
+template <int NV, typename Wt = float>
 HWY_INLINE void RecurChunk(const float* b, const float* x, int K, const float* W, float* g_out, const float* hprev,
-                           const float* s, int H, int N, const float* U, float* z, int v0) {
+                           const float* s, int H, int N, const Wt* U, float* z, int v0) {
     const D d;
     const int L = static_cast<int>(hn::Lanes(d));
     V acc[NV];
     if (hprev) {                                     // z = G[t] + hprev @ U: the recurrent sum first, from zero
-        for (int v = 0; v < NV; v++) acc[v] = hn::Zero(d);
-        for (int k = 0; k < H; k++) {
-            const V hv = hn::Set(d, hprev[k]);
-            const float* u = U + (size_t)k * N + L * v0;
-            for (int v = 0; v < NV; v++) acc[v] = Fma(d, hv, hn::Load(d, u + L * v), acc[v]);
-        }
-        for (int v = 0; v < NV; v++) acc[v] = hn::Add(hn::Load(d, b + L * (v0 + v)), acc[v]);
+        RecurSum<NV>(hprev, H, N, U, v0, acc);
+        EDGEHFT_UNROLL for (int v = 0; v < NV; v++) acc[v] = hn::Add(hn::Load(d, b + L * (v0 + v)), acc[v]);
     } else {
-        for (int v = 0; v < NV; v++) acc[v] = hn::Load(d, b + L * (v0 + v));
+        EDGEHFT_UNROLL for (int v = 0; v < NV; v++) acc[v] = hn::Load(d, b + L * (v0 + v));
         if (x) {
             for (int k = 0; k < K; k++) {
                 const V xv = hn::Set(d, x[k]);
                 const float* w = W + (size_t)k * N + L * v0;
-                for (int v = 0; v < NV; v++) acc[v] = Fma(d, xv, hn::Load(d, w + L * v), acc[v]);
+                EDGEHFT_UNROLL for (int v = 0; v < NV; v++) acc[v] = Fma(d, xv, hn::Load(d, w + L * v), acc[v]);
             }
             if (g_out) {
-                for (int v = 0; v < NV; v++) hn::Store(acc[v], d, g_out + L * (v0 + v));
+                EDGEHFT_UNROLL for (int v = 0; v < NV; v++) hn::Store(acc[v], d, g_out + L * (v0 + v));
             }
         }
         if (s) {
-            for (int v = 0; v < NV; v++) acc[v] = hn::Add(acc[v], hn::Load(d, s + L * (v0 + v)));
+            EDGEHFT_UNROLL for (int v = 0; v < NV; v++) acc[v] = hn::Add(acc[v], hn::Load(d, s + L * (v0 + v)));
         }
     }
-    for (int v = 0; v < NV; v++) hn::Store(acc[v], d, z + L * (v0 + v));
+    EDGEHFT_UNROLL for (int v = 0; v < NV; v++) hn::Store(acc[v], d, z + L * (v0 + v));
 }
 
-template <int NV>
+template <int NV, typename Wt = float>
 HWY_INLINE void RecurChunkN(int nv, const float* b, const float* x, int K, const float* W, float* g_out,
-                            const float* hprev, const float* s, int H, int N, const float* U, float* z, int v0) {
-    if (nv == NV) RecurChunk<NV>(b, x, K, W, g_out, hprev, s, H, N, U, z, v0);
+                            const float* hprev, const float* s, int H, int N, const Wt* U, float* z, int v0) {
+    if (nv == NV) RecurChunk<NV, Wt>(b, x, K, W, g_out, hprev, s, H, N, U, z, v0);
     if constexpr (NV > 1) {
-        if (nv < NV) RecurChunkN<NV - 1>(nv, b, x, K, W, g_out, hprev, s, H, N, U, z, v0);
+        if (nv < NV) RecurChunkN<NV - 1, Wt>(nv, b, x, K, W, g_out, hprev, s, H, N, U, z, v0);
     }
 }
 
 // r[0..N) = hprev @ U from zero (k ascending): a step's recurrent sum, as RecurChunk computes it.
-template <int NV>
-HWY_INLINE void RecurOnly(const float* hprev, int H, int N, const float* U, float* r, int v0) {
+template <int NV, typename Wt>
+HWY_INLINE void RecurOnly(const float* hprev, int H, int N, const Wt* U, float* r, int v0) {
     const D d;
     const int L = static_cast<int>(hn::Lanes(d));
     V rec[NV];
-    for (int v = 0; v < NV; v++) rec[v] = hn::Zero(d);
-    for (int k = 0; k < H; k++) {
-        const V hv = hn::Set(d, hprev[k]);
-        const float* u = U + (size_t)k * N + L * v0;
-        for (int v = 0; v < NV; v++) rec[v] = Fma(d, hv, hn::Load(d, u + L * v), rec[v]);
-    }
-    for (int v = 0; v < NV; v++) hn::Store(rec[v], d, r + L * (v0 + v));
+    RecurSum<NV>(hprev, H, N, U, v0, rec);
+    EDGEHFT_UNROLL for (int v = 0; v < NV; v++) hn::Store(rec[v], d, r + L * (v0 + v));
 }
 
-template <int NV>
-HWY_INLINE void RecurOnlyN(int nv, const float* hprev, int H, int N, const float* U, float* r, int v0) {
-    if (nv == NV) RecurOnly<NV>(hprev, H, N, U, r, v0);
+template <int NV, typename Wt>
+HWY_INLINE void RecurOnlyN(int nv, const float* hprev, int H, int N, const Wt* U, float* r, int v0) {
+    if (nv == NV) RecurOnly<NV, Wt>(hprev, H, N, U, r, v0);
     if constexpr (NV > 1) {
-        if (nv < NV) RecurOnlyN<NV - 1>(nv, hprev, H, N, U, r, v0);
+        if (nv < NV) RecurOnlyN<NV - 1, Wt>(nv, hprev, H, N, U, r, v0);
     }
 }
 
@@ -245,16 +277,18 @@ HWY_INLINE void Gates(const float* z, int H, float* c, float* h, float clip) {
     }
 }
 
-// The column chunks of N / L vectors: at most max_acc accumulators per pass over x or h, balanced.
-template <typename F>
+// The column chunks of N / L vectors: at most max_acc accumulators per pass over x or h, balanced. Paired
+// (bf16 pairs): chunks of whole pairs of vectors, so every chunk starts at an even vector (max_acc even).
+template <bool Paired = false, typename F>
 HWY_INLINE void Chunks(int N, int max_acc, F&& f) {
     const int NVt = N / static_cast<int>(hn::Lanes(D()));
-    const int nchunks = (NVt + max_acc - 1) / max_acc;
-    int v0 = 0;
+    const int unit = Paired ? 2 : 1, units = (NVt + unit - 1) / unit, per = max_acc / unit;
+    const int nchunks = (units + per - 1) / per;
+    int u0 = 0;
     for (int ci = 0; ci < nchunks; ci++) {
-        const int nv = (NVt - v0) / (nchunks - ci);
-        f(nv, v0);
-        v0 += nv;
+        const int nu = (units - u0) / (nchunks - ci);
+        f(std::min(nu * unit, NVt - u0 * unit), u0 * unit);
+        u0 += nu;
     }
 }
 
@@ -262,24 +296,38 @@ HWY_INLINE void Chunks(int N, int max_acc, F&& f) {
 void StepIn(const float* b, const float* x, int K, const float* W, float* g, const float* s, int H, int N,
             float* c, float* h, float* z, float clip) {
     Chunks(N, kMaxAcc, [&](int nv, int v0) {
-        RecurChunkN<kMaxAcc>(nv, b, x, K, W, g, nullptr, s, H, N, nullptr, z, v0);
+        RecurChunkN<kMaxAcc, float>(nv, b, x, K, W, g, nullptr, s, H, N, nullptr, z, v0);
     });
     Gates(z, H, c, h, clip);
 }
 
 // One step from its projected input row g (x @ W + b computed by Gemm): z = g + hprev @ U, then the gates.
-void Step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
-          float clip) {
-    Chunks(N, kMaxAcc, [&](int nv, int v0) {
-        RecurChunkN<kMaxAcc>(nv, g, nullptr, 0, nullptr, nullptr, hprev, nullptr, H, N, U, z, v0);
+// Wt: fp32 U, or bf16 pairs (BF16_PAIRS).
+template <typename Wt>
+void StepOn(const float* g, const float* hprev, int H, int N, const Wt* U, float* c, float* h, float* z,
+            float clip) {
+    Chunks<!std::is_same_v<Wt, float>>(N, kMaxAcc, [&](int nv, int v0) {
+        RecurChunkN<kMaxAcc, Wt>(nv, g, nullptr, 0, nullptr, nullptr, hprev, nullptr, H, N, U, z, v0);
     });
     Gates(z, H, c, h, clip);
 }
 
+void Step(const float* g, const float* hprev, int H, int N, const float* U, float* c, float* h, float* z,
+          float clip) {
+    StepOn(g, hprev, H, N, U, c, h, z, clip);
+}
+
+void StepBf16(const float* g, const float* hprev, int H, int N, const uint32_t* U, float* c, float* h, float* z,
+              float clip) {
+    StepOn(g, hprev, H, N, U, c, h, z, clip);
+}
+
 // r = hprev @ U (a step's recurrent sum, as Step computes it), for a step whose input comes later.
 void Recurrent(const float* hprev, int H, int N, const float* U, float* r) {
-    Chunks(N, kMaxAcc, [&](int nv, int v0) { RecurOnlyN<kMaxAcc>(nv, hprev, H, N, U, r, v0); });
+    Chunks(N, kMaxAcc, [&](int nv, int v0) { RecurOnlyN<kMaxAcc, float>(nv, hprev, H, N, U, r, v0); });
 }
+
+int Lanes() { return static_cast<int>(hn::Lanes(D())); }
 
 // th[i] = tanh(x[i]), sg[i] = sigmoid(x[i]) exactly as Step computes them.
 void Act(const float* x, float* th, float* sg, int n) {
@@ -296,7 +344,7 @@ void Act(const float* x, float* th, float* sg, int n) {
 }  // namespace
 
 extern const lstm::Fns kLstmFns;
-const lstm::Fns kLstmFns = {&Gemm, &Step, &Act, &StepIn, &Recurrent};
+const lstm::Fns kLstmFns = {&Gemm, &Step, &Act, &StepIn, &Recurrent, &StepBf16, &Lanes};
 
 }  // namespace HWY_NAMESPACE
 }  // namespace edgehft
@@ -317,6 +365,7 @@ namespace {
 struct Layer {
     int in = 0, H = 0, Hp = 0, Np = 0;                // Hp = 16*ceil(H/16), Np = 16*ceil(4H/16)
     float *W = nullptr, *U = nullptr, *b = nullptr;   // W [in][Np], U [H][Np], b [Np]: Keras columns, 0 after 4H
+    uint32_t* Ub = nullptr;                           // recurrent_bf16: U as bf16 pairs (BF16_PAIRS), U unused
 };
 
 struct Net {
@@ -330,7 +379,7 @@ struct Net {
 
 void destroy(Net* n) {
     if (!n) return;
-    for (int l = 0; l < n->nl; l++) { free(n->L[l].W); free(n->L[l].U); free(n->L[l].b); }
+    for (int l = 0; l < n->nl; l++) { free(n->L[l].W); free(n->L[l].U); free(n->L[l].b); free(n->L[l].Ub); }
     delete[] n->L;
     free(n->G); free(n->c); free(n->z); free(n->seq[0]); free(n->seq[1]);
     delete n;
@@ -339,6 +388,30 @@ void destroy(Net* n) {
 // Keras (rows, 4H) -> (rows, Np), zero columns after 4H.
 void pad_cols(const float* src, int rows, int N, int Np, float* dst) {
     for (int r = 0; r < rows; r++) memcpy(dst + (size_t)r * Np, src + (size_t)r * N, sizeof(float) * N);
+}
+
+// Keras (H, 4H) -> bf16 pairs (cpu_lstm.cpp BF16_PAIRS) for a target of L lanes, Np padded columns: word
+// (k, p, i) holds column (2p) L + i in its low half and (2p + 1) L + i in its high half, 0 past 4H.
+uint32_t* pair_bf16(const float* src, int H, int N, int Np, int L) {
+    const int nv = Np / L, row = L * ((nv + 1) / 2);
+    uint32_t* dst = static_cast<uint32_t*>(aligned_zeroed(sizeof(uint32_t) * (size_t)H * row));
+    if (!dst) return nullptr;
+    for (int k = 0; k < H; k++)
+        for (int v = 0; v < nv; v++)
+            for (int i = 0; i < L; i++) {
+                const int col = v * L + i;
+                const uint32_t b = col < N ? bf16_bits(src[(size_t)k * N + col]) : 0u;
+                dst[(size_t)k * row + (v / 2) * L + i] |= (v & 1) ? b << 16 : b;
+            }
+    return dst;
+}
+
+// One step of layer y (the fp32 or the bf16-pair recurrent weights).
+inline void step(const Net* n, const Layer& y, const float* g, const float* hprev, float* h) {
+    if (y.Ub)
+        n->fn->step_bf16(g, hprev, y.H, y.Np, y.Ub, n->c, h, n->z, n->cell_clip);
+    else
+        n->fn->step(g, hprev, y.H, y.Np, y.U, n->c, h, n->z, n->cell_clip);
 }
 
 }  // namespace
@@ -350,9 +423,11 @@ int edgehft_lstm_slot(void* p) { return static_cast<Net*>(p)->slot; }
 
 // Copies the weights. Ws[l] (in_l, 4H_l), Us[l] (H_l, 4H_l), bs[l] (4H_l,), Keras layout, float32,
 // in_0 = in0 and in_l = H_{l-1}. cell_clip > 0 clamps every c_t to [-cell_clip, cell_clip] (TFLite's
-// cell_clip option; Keras has none: pass 0). Returns nullptr when out of memory or on a bad size.
+// cell_clip option; Keras has none: pass 0). recurrent_bf16: U is rounded to bf16 (nearest even) and kept
+// so (BF16_PAIRS): every output is the fp32 kernel's on the rounded U, bit for bit, from half the bytes.
+// Returns nullptr when out of memory or on a bad size.
 void* edgehft_lstm_create(int nl, int T, int in0, const int* Hs, const float* const* Ws, const float* const* Us,
-                          const float* const* bs, int return_sequences, float cell_clip) {
+                          const float* const* bs, int return_sequences, float cell_clip, int recurrent_bf16) {
     if (nl < 1 || T < 1 || in0 < 1) return nullptr;
     Net* n = new (std::nothrow) Net();
     if (!n) return nullptr;
@@ -370,10 +445,14 @@ void* edgehft_lstm_create(int nl, int T, int in0, const int* Hs, const float* co
         if (Hs[l] < 1) { ok = false; break; }
         y.in = in; y.H = Hs[l]; y.Hp = (y.H + 15) / 16 * 16;
         const int Np = y.Np = (4 * y.H + 15) / 16 * 16;
-        y.W = aligned_floats((size_t)in * Np); y.U = aligned_floats((size_t)y.H * Np); y.b = aligned_floats(Np);
-        if (!y.W || !y.U || !y.b) { ok = false; break; }
+        y.W = aligned_floats((size_t)in * Np); y.b = aligned_floats(Np);
+        if (recurrent_bf16)
+            y.Ub = pair_bf16(Us[l], y.H, 4 * y.H, Np, n->fn->lanes());
+        else
+            y.U = aligned_floats((size_t)y.H * Np);
+        if (!y.W || !y.b || !(y.U || y.Ub)) { ok = false; break; }
         pad_cols(Ws[l], in, 4 * y.H, Np, y.W);
-        pad_cols(Us[l], y.H, 4 * y.H, Np, y.U);
+        if (y.U) pad_cols(Us[l], y.H, 4 * y.H, Np, y.U);
         pad_cols(bs[l], 1, 4 * y.H, Np, y.b);
         maxN = std::max(maxN, Np); maxHp = std::max(maxHp, y.Hp);
         in = y.H;
@@ -397,7 +476,7 @@ float* recur(Net* n, int l) {
     float* seq = n->seq[l & 1];
     for (int t = 0; t < n->T; t++) {
         const float* hprev = t ? seq + (size_t)(t - 1) * y.Hp : nullptr;
-        n->fn->step(n->G + (size_t)t * y.Np, hprev, y.H, y.Np, y.U, n->c, seq + (size_t)t * y.Hp, n->z, n->cell_clip);
+        step(n, y, n->G + (size_t)t * y.Np, hprev, seq + (size_t)t * y.Hp);
     }
     return seq;
 }
@@ -460,7 +539,7 @@ int edgehft_lstm_steps(void* p, const float* g, int ldg, int s0, int n, float* h
         float* G = net->G + (size_t)(t % 2) * y.Np;    // padded columns stay zero (never written)
         memcpy(G, g + (size_t)i * ldg, sizeof(float) * 4 * y.H);
         const float* hprev = t ? seq + (size_t)((t - 1) % 2) * y.Hp : nullptr;
-        net->fn->step(G, hprev, y.H, y.Np, y.U, net->c, seq + (size_t)(t % 2) * y.Hp, net->z, net->cell_clip);
+        step(net, y, G, hprev, seq + (size_t)(t % 2) * y.Hp);
     }
     net->steps_done = s0 + n;
     if (h_out && s0 + n > 0) memcpy(h_out, seq + (size_t)((s0 + n - 1) % 2) * y.Hp, sizeof(float) * y.H);

@@ -4,6 +4,8 @@
 #ifndef EDGEHFT_CPU_LSTM_H_
 #define EDGEHFT_CPU_LSTM_H_
 
+#include <cstdint>
+
 namespace edgehft {
 namespace lstm {
 
@@ -25,6 +27,12 @@ struct Fns {
                     int N, float* c, float* h, float* z, float clip);
     // r[0..N) = hprev @ U summed from zero as step sums it (a step's recurrent sum ahead of its input).
     void (*recurrent)(const float* hprev, int H, int N, const float* U, float* r);
+    // step with U as bf16 in vector pairs (cpu_lstm.cpp's BF16_PAIRS, built for this target's lanes): the bits
+    // step gives with U rounded to bf16 (a widened bf16 is exact), from half the weight bytes.
+    void (*step_bf16)(const float* g, const float* hprev, int H, int N, const uint32_t* U, float* c, float* h,
+                      float* z, float clip);
+    // The target's fp32 lanes per vector (what the BF16_PAIRS layout depends on).
+    int (*lanes)();
 };
 
 // The functions of Highway slot ``slot`` (cpu_dispatch.h: kAvx3 .. kFallback), nullptr for a slot this
