@@ -7,7 +7,7 @@ files, after these (a built-in board's name cannot be taken).
 """
 from __future__ import annotations
 
-import tomllib
+from edgehft.compat import tomllib
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field

@@ -2,7 +2,8 @@
 
 Exit codes (also in the README): 0 ok, 1 misuse of the Python API (:class:`RunnerStateError`), 2 usage, 3 bad input (model file, ticks, shapes, dtypes, NaN),
 4 converter failure (crash, hang, lowering), 5 drift gate failed under ``--strict``, 6 bundle does not
-match its manifest, 7 board or library unavailable, 8 golden vectors not reproduced, 9 deploy refused or failed
+match its manifest, 7 board or library unavailable (a board's runtime or device, or a package of one of
+edgehft's extras: the hint names it), 8 golden vectors not reproduced, 9 deploy refused or failed
 on the box (the previous version still serves), 10 box unreachable (SSH connection, authentication or host key).
 """
 from __future__ import annotations
@@ -69,6 +70,14 @@ class BundleError(EdgeHFTError):
 
 class BoardUnavailableError(EdgeHFTError):
     """The board's runtime library or device is not available on this machine."""
+
+    exit_code = 7
+
+
+class MissingExtraError(EdgeHFTError):
+    """A command needs a package from one of edgehft's extras that is not installed here: the box side
+    installs without them (``pip install edgehft``), the compile side with ``pip install 'edgehft[compile]'``.
+    The hint names the extra."""
 
     exit_code = 7
 

@@ -18,7 +18,7 @@ import os
 import sys
 import types
 import zipfile
-import tomllib
+from edgehft.compat import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable

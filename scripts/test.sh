@@ -11,6 +11,7 @@ bash scripts/board-venv.sh
 bash scripts/sshd.sh
 bash scripts/cross-tools.sh
 bash scripts/box-ort.sh        # onnxruntime beside the board venv: a box with ONNX Runtime (tests/deploy)
+bash scripts/box-pythons.sh    # the box side on Python 3.10 and 3.12 (tests/pythons)
 selects=0                     # a -m/-k selection may leave one of the runs with no test (pytest exit 5)
 for a in "$@"; do case $a in -m|-k|-m?*|-k?*) selects=1 ;; esac; done
 status=0

@@ -37,6 +37,8 @@ GROUPS = {
                 "C simulation, Coral with LiteRT standing in for the TPU; models compiled with TensorFlow",
     "deploy": "a real OpenSSH server on 127.0.0.1 (scripts/sshd.sh) and the board venv as the box's Python",
     "hw": "a real board or accelerator (today: an NVIDIA GPU with TensorRT); skipped where it is absent",
+    "pythons": "the box side on pyenv's Python 3.10 and 3.12 (scripts/box-pythons.sh: .venv-py<V>, no extras); "
+               "the loopback sshd for its deploy test",
     "board": "the board venv itself (pynq 4.0, numpy < 2, no TensorFlow): .venv-board/bin/python -m pytest tests/board",
 }
 

@@ -27,7 +27,10 @@ def run_worker(request: dict, workdir: Path, timeout_s: float = 1800.0,
     Raises:
         ConverterError: the worker crashed (with the signal), hung past ``timeout_s`` (it is killed),
             or reported a conversion failure; InputError/LoweringError as reported by the worker.
+        MissingExtraError: TensorFlow is not installed here (``pip install 'edgehft[compile]'``).
     """
+    from edgehft.compat import require_extra
+    require_extra("tensorflow", "compile", "compiling a model (the TensorFlow converter)")
     workdir.mkdir(parents=True, exist_ok=True)
     request = {**request, "out": str(workdir)}
     req_path = workdir / "request.json"

@@ -13,7 +13,7 @@ or plain text, one ``user@host[:port]`` per line with optional ``key=value`` wor
 """
 from __future__ import annotations
 
-import tomllib
+from edgehft.compat import tomllib
 from pathlib import Path
 
 from edgehft.errors import InputError

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import tomllib
+from edgehft.compat import tomllib
 import xml.etree.ElementTree as ET
 from fractions import Fraction
 from pathlib import Path

@@ -99,7 +99,13 @@ def _dla(node, attrs: dict, shapes: dict, dla_version: str, trt: tuple[int, int]
 
 
 def predict(onnx_path: str, board) -> list[NodeVerdict]:
-    """One verdict per node of the ONNX model at ``onnx_path`` for ``board`` (a jetson Board)."""
+    """One verdict per node of the ONNX model at ``onnx_path`` for ``board`` (a jetson Board).
+
+    Raises:
+        MissingExtraError: the ``onnx`` package is not installed (``pip install 'edgehft[jetson]'``).
+    """
+    from edgehft.compat import require_extra
+    require_extra("onnx", "jetson", "reading an ONNX model")
     import onnx
     m = onnx.load(onnx_path)
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-import tomllib
+from edgehft.compat import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 

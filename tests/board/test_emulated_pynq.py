@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
+from edgehft.compat import tomllib
 import warnings
 from contextlib import contextmanager
 from pathlib import Path

@@ -1,0 +1,114 @@
+"""The box side on the boards' other Pythons (issue 18): edgehft installed without extras (no TensorFlow, no
+ONNX) into pyenv's 3.10 (JetPack 6, PYNQ 3.x images) and 3.12, by scripts/box-pythons.sh (.venv-py<V>).
+
+In each: `run --golden` reproduces the golden vectors of an int8 bundle and of a native-plan bundle (the
+native kernel library loads there), `bench` gives percentiles as JSON, the HIL plugin's checks pass, `deploy`
+to the loopback box with that Python as the box's installs and `status` reads it back, and `compile` / `report
+model.onnx` refuse with exit 7 naming the extra to install. A version whose interpreter is not under pyenv is
+skipped with the reason; under CI a missing venv for a present interpreter fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from deploy_box import box  # noqa: F401 (fixture)
+from edgehft.cli import main
+from nocompiler_box import native_lstm  # noqa: F401 (fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+VERSIONS = ["3.10", "3.12"]
+pytestmark = pytest.mark.slow
+
+
+def _pyenv_has(version: str) -> bool:
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    return any(root.glob(f"{version}.*/bin/python3"))
+
+
+@pytest.fixture(params=VERSIONS, ids=[f"py{v}" for v in VERSIONS])
+def venv(request) -> Path:
+    v = request.param
+    bin_dir = ROOT / f".venv-py{v}" / "bin"
+    if not (bin_dir / "python").exists():
+        why = f".venv-py{v} missing: run scripts/box-pythons.sh {v}"
+        if not _pyenv_has(v):
+            pytest.skip(f"no Python {v} under pyenv here ({why} once it is installed)")
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return bin_dir
+
+
+def _edgehft(bin_dir: Path, *args, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {k: val for k, val in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run([str(bin_dir / "edgehft"), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+
+
+@pytest.fixture(scope="session")
+def mlp_int8(mlp, tmp_path_factory) -> Path:
+    """The example MLP compiled for the cpu board as full int8 (in the main venv: the compile side)."""
+    from edgehft.compiler.pipeline import CompileOptions, compile_model
+    out = tmp_path_factory.mktemp("pythons") / "mlp.int8"
+    compile_model(mlp / "mlp.keras", [mlp / "x.npy"], out, CompileOptions(board="cpu", quant="int8"))
+    return out
+
+
+def test_the_interpreter_is_the_one_asked_for(venv):
+    res = subprocess.run([str(venv / "python"), "-c", "import sys, edgehft, numpy; print(sys.version_info[:2], "
+                          "'tensorflow' in sys.modules)"], capture_output=True, text=True, timeout=120)
+    want = tuple(int(p) for p in venv.parent.name.removeprefix(".venv-py").split("."))
+    assert res.returncode == 0 and res.stdout.strip() == f"{want} False", res.stderr
+
+
+def test_run_golden_int8_and_native(venv, mlp_int8, native_lstm):
+    for bundle, plan in ((mlp_int8, "int8"), (native_lstm, "native")):
+        res = _edgehft(venv, "run", bundle, "--golden", "--json")
+        assert res.returncode == 0, res.stdout + res.stderr
+        got = json.loads(res.stdout)
+        assert got["matched"] == got["count"] == 16 and got["plan"] == plan, got
+
+
+def test_bench_gives_percentiles(venv, mlp_int8, mlp):
+    res = _edgehft(venv, "bench", mlp_int8, "--ticks", mlp / "x.npy", "--samples", 200, "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    lat = json.loads(res.stdout)["latency_us"]
+    assert 0 < lat["p50"] <= lat["p99"] <= lat["p99.9"] <= lat["max"], lat
+
+
+def test_hil_plugin_checks_pass(venv, native_lstm, tmp_path):
+    env = {k: val for k, val in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    res = subprocess.run([str(venv / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--edgehft-board=cpu", f"--edgehft-bundle={native_lstm}", "--edgehft-budget-p99=1e9",
+                          "--edgehft-budget-p999=1e9"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=env)
+    assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout + res.stderr
+
+
+def test_compile_side_commands_name_the_extra(venv, mlp, tmp_path):
+    res = _edgehft(venv, "compile", mlp / "mlp.keras", "--board", "cpu", "--calib", mlp / "x.npy",
+                   "--out", tmp_path / "b")
+    assert res.returncode == 7 and "pip install 'edgehft[compile]'" in res.stderr, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "b").exists()
+    (tmp_path / "m.onnx").write_bytes(b"\x08\x07")
+    res = _edgehft(venv, "report", tmp_path / "m.onnx", "--json")
+    assert res.returncode == 7 and "pip install 'edgehft[jetson]'" in json.loads(res.stdout)["hint"], res.stdout
+
+
+def test_deploy_to_a_box_running_that_python(venv, box, native_lstm):  # noqa: F811 (fixture)
+    sshd, cfg, root = box
+    common = ["--ssh-config", str(cfg), "--remote-python", str(venv / "python"), "--install-dir", str(root)]
+    res = CliRunner().invoke(main, ["deploy", str(native_lstm), "--host", "box", "--json",
+                                    "--budget-p99-us", "1e9", "--budget-p999-us", "1e9", *common])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)["results"][0]
+    assert got["golden"]["matched"] == got["golden"]["count"] == 16
+    res = CliRunner().invoke(main, ["status", "--host", "box", "--json", *common])
+    assert res.exit_code == 0, res.output
+    assert json.dumps(json.loads(res.output)).count(got["version"]) >= 1
