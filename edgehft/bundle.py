@@ -65,6 +65,14 @@ FORMAT_VERSION_FOR_PLAN = {"native-bf16": 2, "ort-float": 3, "ort-int8": 3}
 FORMAT_VERSION_BF16_RECURRENT = 4
 MANIFEST = "manifest.json"
 
+# A cpu bundle may carry more than one plan: the top level is the compile host's choice (what every reader,
+# old ones too, runs), each other plan a complete sub-bundle in plans/<name>/ whose files the top manifest
+# also lists; the manifest's ``plans`` names them all. No format bump: an edgehft that does not know ``plans``
+# ignores the field and runs the top level, as it always did. The box picks among them at deploy.
+PLANS_DIR = "plans"
+PLAN_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+REPORT = "report.json"
+
 
 def format_version_for(plan: str, files: dict | None = None) -> int:
     """The lowest bundle format that describes plan ``plan`` with its files (``files``: bundle path -> bytes or
@@ -78,13 +86,7 @@ def format_version_for(plan: str, files: dict | None = None) -> int:
     if any(st.get("kind") == "lstm" and st.get("recurrent") == "bf16" for st in steps):
         version = max(version, FORMAT_VERSION_BF16_RECURRENT)
     return version
-# A cpu bundle may carry more than one plan: the top level is the compile host's choice (what every reader,
-# old ones too, runs), each other plan a complete sub-bundle in plans/<name>/ whose files the top manifest
-# also lists; the manifest's ``plans`` names them all. No format bump: an edgehft that does not know ``plans``
-# ignores the field and runs the top level, as it always did. The box picks among them at deploy.
-PLANS_DIR = "plans"
-PLAN_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
-REPORT = "report.json"
+
 
 MAX_MANIFEST_BYTES = 16 << 20          # a DeepLOB native-bf16 manifest is ~5 KiB; refused before reading it all
 MAX_JSON_BYTES = 64 << 20              # report.json, native.json, steps.json

@@ -377,7 +377,9 @@ def _probe(steps: _Steps, b, spec, force: bool, res: DeployResult, plan: str | N
                             f"plans: it runs the top level, {top} (the compile host's choice); upgrade edgehft on "
                             "the box to time them there")
     modes = ([plan] if plan else b.plan_names()) if steps.ctx["choose_on_box"] else [top]
-    for why in board_mismatches(spec, facts, b.manifest.format_version,
+    # the box verifies every plan's manifest (Bundle.verify), so it must read the highest format among them
+    needs_format = max(b.plan(name).manifest.format_version for name in b.plan_names())
+    for why in board_mismatches(spec, facts, needs_format,
                                 needs_kernels=all(m.startswith("native") for m in modes),
                                 needs_bf16=all(m == "native-bf16" for m in modes)):
         if not force:

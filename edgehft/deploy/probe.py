@@ -165,13 +165,15 @@ def bf16_missing(facts: dict) -> str | None:
     AVX512_BF16's VDPBF16PS (from the CPU flags it reports, and the targets its kernel library runs when it
     reports them), or None."""
     flags = facts.get("cpu_flags")
+    targets = (facts.get("native_kernels") or {}).get("targets")
+    if targets and {"amx", "avx3_bf16"} & set(targets):     # the kernels' own CPUID check (older probes report
+        return None                                           # fewer flags)
     if flags is not None and not ({"amx_tile", "amx_bf16"} <= set(flags) or "avx512_bf16" in flags):
         return ("the box's CPU has neither AMX-BF16 nor AVX512_BF16 (cpu flags: " +
                 (", ".join(flags) or "none of avx2/avx512f/avx512_bf16/amx") + "): the bundle's native-bf16 plan "
                 "would run its convs on the fp32 loop, several times slower than LiteRT; compile with --quant auto "
                 "on a host like the box, or --quant native")
-    targets = (facts.get("native_kernels") or {}).get("targets")
-    if targets and not {"amx", "avx3_bf16"} & set(targets):
+    if targets:
         return ("the box's native kernels run no bf16 products in hardware there (they run: " + ", ".join(targets) +
                 "; AMX needs Linux to grant AMX tile data): the bundle's native-bf16 plan would run its convs on the "
                 "fp32 loop; compile with --quant auto on a host like the box, or --quant native")

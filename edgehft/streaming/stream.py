@@ -131,10 +131,14 @@ def read_plan(runner) -> StreamPlan:
     if len(ins) != 1 or len(bundle.manifest.outputs) != 1 or len(graph["inputs"]) != 1:
         raise _refuse(f"the stream takes one input and one output; {bundle.path.name} has {len(ins)} and "
                       f"{len(bundle.manifest.outputs)}")
+    from edgehft.kernels.cpu.lstm import recurrent_bf16_of
     layers, src = [], graph["inputs"][0]
     k = 0
     while k < len(steps) and steps[k]["kind"] == "lstm" and steps[k]["inputs"] == [src] and not steps[k].get("projected"):
         st = steps[k]
+        if recurrent_bf16_of(st):
+            raise _refuse(f"op #{st.get('op')} LSTM: bf16 recurrent weights on an unprojected LSTM (the stack "
+                          "stream executor keeps them fp32; the compiler writes bf16 only on projected LSTMs)")
         with np.load(bundle.path / st["weights"]) as w:
             layers.append((w["kernel"], w["recurrent_kernel"], w["bias"], float(w["cell_clip"])))
         src = st["outputs"][0]

@@ -126,6 +126,8 @@ def test_native_kernel_rules():
     zen4 = {**no_bf16, "cpu_flags": ["avx2", "avx512_bf16", "avx512f"],
             "native_kernels": {**prebuilt, "targets": ["avx3_bf16", "avx3", "avx2", "scalar"]}}
     assert board_mismatches(cpu, zen4, needs_kernels=True, needs_bf16=True) == []
+    # an older probe reports fewer CPU flags: the kernels' own targets decide where they are reported
+    assert board_mismatches(cpu, {**zen4, "cpu_flags": ["avx512f"]}, needs_kernels=True, needs_bf16=True) == []
     assert "neither AMX-BF16 nor AVX512_BF16" in board_mismatches(cpu, {**old, "cxx": "/usr/bin/g++", "cpu_flags": []},
                                                                   needs_kernels=True, needs_bf16=True)[0]
 

@@ -71,9 +71,10 @@ inline float* aligned_floats(size_t n) { return static_cast<float*>(aligned_zero
 // The largest finite bf16 value; fp32 values beyond it are rounded to it (saturating, not to infinity).
 constexpr float kBf16Max = 3.38953139e38f;
 
-// fp32 -> bf16 bits, round to nearest even, saturating at +-kBf16Max (the kernels' weight rounding, done once
-// when a kernel is created; the SIMD paths round activations the same way).
+// fp32 -> bf16 bits, round to nearest even, saturating at +-kBf16Max, a NaN to the quiet NaN (the kernels' weight
+// rounding, done once when a kernel is created; the SIMD paths round finite activations the same way).
 inline uint16_t bf16_bits(float f) {
+    if (f != f) return 0x7fc0;                                  // a NaN stays a (quiet) NaN
     f = f > kBf16Max ? kBf16Max : f < -kBf16Max ? -kBf16Max : f;
     uint32_t u;
     memcpy(&u, &f, 4);

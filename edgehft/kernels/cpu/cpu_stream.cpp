@@ -17,7 +17,8 @@
 // later windows), then the head: per layer one in x 4H product on the critical path, not two.
 //
 // Exactness: the steps are cpu_lstm.cpp's own functions (lstm::fns: gemm, step, step_in) on the same padded
-// weight layout as edgehft_lstm_create's, and step_in's sums (with R from recurrent) have the roundings of gemm's
+// fp32 weight layout as edgehft_lstm_create's (without recurrent_bf16: the native plan), and step_in's sums
+// (with R from recurrent) have the roundings of gemm's
 // row followed by step (cpu_lstm.h), so push gives the bits edgehft_lstm_run gives on the same window, on every target. The head
 // sums, per output m, hb[m] then h[k] * W[m][k] for k ascending, one fused multiply-add each: the order of
 // XNNPACK's f32 GEMM "broadcast" micro-kernels, which run a LiteRT FULLY_CONNECTED with one row; the Python
