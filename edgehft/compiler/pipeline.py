@@ -427,7 +427,7 @@ def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> li
     from edgehft.compiler.native import native_files
     from edgehft.compiler.plans import Candidate
     from edgehft.errors import BoardUnavailableError
-    from edgehft.kernels.cpu.build import targets
+    from edgehft.kernels.cpu.build import bf16_in_hardware
     dyn, flt = work / "worker" / "model_dynamic.tflite", work / "worker" / "model_float.tflite"
     if not (dyn.is_file() and flt.is_file()):
         if only:
@@ -438,7 +438,7 @@ def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> li
         if only and plan != only:
             continue
         try:
-            if plan == "native-bf16" and not {"amx", "avx3_bf16"} & set(targets()):
+            if plan == "native-bf16" and not bf16_in_hardware():
                 if not only:
                     say("plan native-bf16: skipped (this CPU or OS runs neither AMX-BF16 tiles nor AVX512_BF16)")
                     continue

@@ -164,10 +164,11 @@ def bf16_missing(facts: dict) -> str | None:
     """Why the box in ``facts`` cannot run the native-bf16 plan's bf16 products in hardware, AMX-BF16 tiles or
     AVX512_BF16's VDPBF16PS (from the CPU flags it reports, and the targets its kernel library runs when it
     reports them), or None."""
+    from edgehft.kernels.cpu.build import bf16_in_hardware
     flags = facts.get("cpu_flags")
     targets = (facts.get("native_kernels") or {}).get("targets")
-    if targets and {"amx", "avx3_bf16"} & set(targets):     # the kernels' own CPUID check (older probes report
-        return None                                           # fewer flags)
+    if targets and bf16_in_hardware(targets):     # the kernels' own CPUID check (older probes report fewer flags)
+        return None
     if flags is not None and not ({"amx_tile", "amx_bf16"} <= set(flags) or "avx512_bf16" in flags):
         return ("the box's CPU has neither AMX-BF16 nor AVX512_BF16 (cpu flags: " +
                 (", ".join(flags) or "none of avx2/avx512f/avx512_bf16/amx") + "): the bundle's native-bf16 plan "

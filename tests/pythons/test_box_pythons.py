@@ -45,10 +45,14 @@ def venv(request) -> Path:
     return bin_dir
 
 
-def _edgehft(bin_dir: Path, *args, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def _in_venv(argv: list, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run ``argv`` with the main venv's PYTHONPATH / VIRTUAL_ENV left out of the environment."""
     env = {k: val for k, val in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return subprocess.run([str(bin_dir / "edgehft"), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=cwd)
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def _edgehft(bin_dir: Path, *args) -> subprocess.CompletedProcess:
+    return _in_venv([bin_dir / "edgehft", *args])
 
 
 @pytest.fixture(scope="session")
@@ -61,8 +65,8 @@ def mlp_int8(mlp, tmp_path_factory) -> Path:
 
 
 def test_the_interpreter_is_the_one_asked_for(venv):
-    res = subprocess.run([str(venv / "python"), "-c", "import sys, edgehft, numpy; print(sys.version_info[:2], "
-                          "'tensorflow' in sys.modules)"], capture_output=True, text=True, timeout=120)
+    res = _in_venv([venv / "python", "-c", "import sys, edgehft, numpy; print(sys.version_info[:2], "
+                    "'tensorflow' in sys.modules)"])
     want = tuple(int(p) for p in venv.parent.name.removeprefix(".venv-py").split("."))
     assert res.returncode == 0 and res.stdout.strip() == f"{want} False", res.stderr
 
@@ -83,11 +87,9 @@ def test_bench_gives_percentiles(venv, mlp_int8, mlp):
 
 
 def test_hil_plugin_checks_pass(venv, native_lstm, tmp_path):
-    env = {k: val for k, val in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    res = subprocess.run([str(venv / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "--edgehft-board=cpu", f"--edgehft-bundle={native_lstm}", "--edgehft-budget-p99=1e9",
-                          "--edgehft-budget-p999=1e9"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env=env)
+    res = _in_venv([venv / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--edgehft-board=cpu",
+                    f"--edgehft-bundle={native_lstm}", "--edgehft-budget-p99=1e9", "--edgehft-budget-p999=1e9"],
+                   cwd=tmp_path)
     assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout + res.stderr
 
 

@@ -189,6 +189,13 @@ def targets() -> list[str]:
     return _all_libs()[0].edgehft_cpu_targets().decode().split(",")
 
 
+def bf16_in_hardware(runs: list[str] | None = None) -> bool:
+    """Whether the targets ``runs`` (default: what this CPU runs, :func:`targets`) include a level with bf16
+    products in hardware (:data:`CONV_ONLY`: AMX-BF16 tiles or AVX512_BF16's VDPBF16PS): where the native-bf16
+    plan is worth timing and running."""
+    return bool(set(CONV_ONLY) & set(targets() if runs is None else runs))
+
+
 def compiled_targets() -> list[str]:
     """The Highway targets compiled into the library (Highway's names, e.g. ``["AVX3", "AVX2", "SCALAR"]``)."""
     return _all_libs()[0].edgehft_cpu_compiled().decode().split(",")

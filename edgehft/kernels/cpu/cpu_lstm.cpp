@@ -177,7 +177,7 @@ HWY_INLINE int PairedRow(int N, int L) { return L * ((N / L + 1) / 2); }
 
 // acc[0..NV) = hprev @ U for the NV vectors from v0, summed from zero (k ascending, one fused multiply-add per
 // term). U is either fp32 rows of N floats (Wt = float) or bf16 rows in pairs (Wt = uint32_t, see
-// BF16_PAIRS below; v0 even): a bf16 weight widened to fp32 is exact (its 16 low bits zero), so both layouts
+// BF16_PAIRS above; v0 even): a bf16 weight widened to fp32 is exact (its 16 low bits zero), so both layouts
 // give the bits of the fp32 code on the bf16-rounded weights.
 template <int NV, typename Wt>
 HWY_INLINE void RecurSum(const float* hprev, int H, int N, const Wt* U, int v0, V* acc) {
