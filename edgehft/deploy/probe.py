@@ -171,13 +171,14 @@ def bf16_missing(facts: dict) -> str | None:
         return None
     if flags is not None and not ({"amx_tile", "amx_bf16"} <= set(flags) or "avx512_bf16" in flags):
         return ("the box's CPU has neither AMX-BF16 nor AVX512_BF16 (cpu flags: " +
-                (", ".join(flags) or "none of avx2/avx512f/avx512_bf16/amx") + "): the bundle's native-bf16 plan "
-                "would run its convs on the fp32 loop, several times slower than LiteRT; compile with --quant auto "
-                "on a host like the box, or --quant native")
+                (", ".join(flags) or "none of avx2/avx512f/avx512_bf16/amx") + "): the bundle's only plan, "
+                "native-bf16, would run its convs on the fp32 loop instead of the bf16 products it was built for; "
+                "compile with --quant auto (every plan shipped, the box times them and chooses), or --quant native")
     if targets:
         return ("the box's native kernels run no bf16 products in hardware there (they run: " + ", ".join(targets) +
-                "; AMX needs Linux to grant AMX tile data): the bundle's native-bf16 plan would run its convs on the "
-                "fp32 loop; compile with --quant auto on a host like the box, or --quant native")
+                "; AMX needs Linux to grant AMX tile data): the bundle's only plan, native-bf16, would run its convs "
+                "on the fp32 loop; compile with --quant auto (every plan shipped, the box times them and chooses), "
+                "or --quant native")
     return None
 
 
