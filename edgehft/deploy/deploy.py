@@ -74,7 +74,7 @@ from typing import Callable
 
 from edgehft.boards import load_board
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
-from edgehft.deploy.probe import board_mismatches
+from edgehft.deploy.probe import board_mismatches, stack_mismatch
 from edgehft.deploy.ssh import AgentSession, SshTarget, run_agent
 from edgehft.errors import DeployError, EdgeHFTError, GoldenMismatchError, InputError, RemoteError
 from edgehft.runtime.plans import DEFAULT_SELECT, check_select
@@ -278,7 +278,7 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         bundle_sha = sha256_file(b.path / MANIFEST)
         vid = version_id(bundle_sha)
         ctx.update(bundle=str(b.path), version=vid, files=len(files), bytes=nbytes)
-        status = _probe(steps, b, spec, force, res, plan)
+        status = _probe(steps, b, spec, force, res, plan, emulate)
         res.version = vid
         choosing = ctx["choosing"] = bool(ctx["choose_on_box"] and len(b.plan_names()) > 1)
         if core is None and spec.runtime.get("core") is not None:
@@ -353,10 +353,12 @@ def _dry_run_gate(ctx: dict, spec) -> str:
             f"if over {said or 'the budget (none: not judged)'}")
 
 
-def _probe(steps: _Steps, b, spec, force: bool, res: DeployResult, plan: str | None = None) -> dict:
+def _probe(steps: _Steps, b, spec, force: bool, res: DeployResult, plan: str | None = None,
+           emulate: bool = False) -> dict:
     """Run the probe, check the box is ``spec``'s board (or record what ``force`` overrode); returns the
     box's install-dir status and sets ``steps.ctx["choose_on_box"]`` (the box's agent chooses plans). A
     bundle with several plans needs native kernels (AMX) on the box only when every plan it may run there does.
+    With ``emulate`` the box is not expected to run the board's software stack: a difference is a warning.
 
     Raises:
         DeployError: a mismatch without ``force``; a forced ``plan`` other than the top level on a box whose
@@ -379,7 +381,9 @@ def _probe(steps: _Steps, b, spec, force: bool, res: DeployResult, plan: str | N
     modes = ([plan] if plan else b.plan_names()) if steps.ctx["choose_on_box"] else [top]
     # the box verifies every plan's manifest (Bundle.verify), so it must read the highest format among them
     needs_format = max(b.plan(name).manifest.format_version for name in b.plan_names())
-    for why in board_mismatches(spec, facts, needs_format,
+    if emulate and (differs := stack_mismatch(spec, facts)):
+        res.warnings.append(f"emulated: {differs}")
+    for why in board_mismatches(spec, facts, needs_format, stack=not emulate,
                                 needs_kernels=all(m.startswith("native") for m in modes),
                                 needs_bf16=all(m == "native-bf16" for m in modes)):
         if not force:

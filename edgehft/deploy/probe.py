@@ -30,7 +30,7 @@ from edgehft.deploy.probe_rules import read_text
 from edgehft.deploy.probe_rules.jetson import parse_l4t   # public here since before the rules moved
 
 __all__ = ["PACKAGES", "bf16_missing", "board_mismatches", "kernels_missing", "native_kernels", "parse_l4t",
-           "probe_box"]
+           "probe_box", "stack_mismatch"]
 
 PACKAGES = ("edgehft", "ai-edge-litert", "tflite-runtime", "onnxruntime", "numpy", "pynq", "tensorrt", "pycoral")
 
@@ -182,8 +182,48 @@ def bf16_missing(facts: dict) -> str | None:
     return None
 
 
+def stack_mismatch(board, facts: dict) -> str | None:
+    """How the box in ``facts`` differs from the software stack ``board``'s file states (its ``[stack]``,
+    :class:`edgehft.boards.Stack`): architecture, Python, TFLite interpreter, package versions; one reason
+    naming every difference (e.g. ``"its software stack is not pynq-z2's (PYNQ 3.1 image ...): arch x86_64,
+    the image's is armv7l; pynq 4.0.0, the image has >=3.1,<3.2"``), or None when it matches or the board
+    states no stack. A fact the box did not report (no ``arch`` or ``python`` key) is not checked."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+    st = board.stack
+    pk = facts.get("packages") or {}
+    diff = []
+
+    def outside(version, spec: str) -> bool:
+        try:
+            return Version(str(version)) not in SpecifierSet(spec)
+        except InvalidVersion:
+            return True
+
+    arch, python = facts.get("arch"), facts.get("python")
+    if st.arch and "arch" in facts and arch not in st.arch:
+        diff.append(f"arch {arch or 'unknown'}, the image's is {' or '.join(st.arch)}")
+    if st.python and "python" in facts and outside(python or "0", st.python):
+        diff.append(f"Python {python or 'unknown'}, the image's is {st.python}")
+    if st.interpreter and not any(name in pk for name in st.interpreter):
+        have = [n for n in ("ai-edge-litert", "tflite-runtime") if n in pk]
+        diff.append(f"TFLite interpreter {', '.join(have) or 'none'}, the image takes {' or '.join(st.interpreter)} "
+                    f"(pip install {st.interpreter[0]})")
+    for name, spec in st.packages.items():
+        if name not in PACKAGES:
+            diff.append(f"{name} {spec}: the box's probe does not read {name} (it reads {', '.join(PACKAGES)})")
+        elif name not in pk:
+            diff.append(f"{name} not installed, the image has {name} {spec}")
+        elif outside(pk[name], spec):
+            diff.append(f"{name} {pk[name]}, the image has {spec}")
+    if not diff:
+        return None
+    image = f" ({st.image})" if st.image else ""
+    return f"its software stack is not {board.name}'s{image}: " + "; ".join(diff)
+
+
 def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_kernels: bool = False,
-                     needs_bf16: bool = False, needs_cxx: bool = False) -> list[str]:
+                     needs_bf16: bool = False, needs_cxx: bool = False, stack: bool = True) -> list[str]:
     """Why the box described by ``facts`` is not ``board`` (empty when it is).
 
     Every box needs an edgehft that reads the bundle's format version; ``needs_kernels`` (a cpu bundle
@@ -192,7 +232,8 @@ def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_k
     the kernels can use (:func:`bf16_missing`). ``needs_cxx`` is the older name of ``needs_kernels``. What makes a box the
     board is the board's backend's own probe (:mod:`edgehft.backends`, ``probe``; the built-ins' rules are in
     :mod:`edgehft.deploy.probe_rules`: a LiteRT interpreter on every box but a Jetson, plus PYNQ's ``BOARD``,
-    the Jetson's L4T release and module, an Edge TPU on the Coral board's bus).
+    the Jetson's L4T release and module, an Edge TPU on the Coral board's bus). Last, with ``stack``, the
+    software stack the board file states (:func:`stack_mismatch`).
 
     Raises:
         BoardUnavailableError: no backend of the board's name is installed here (listing the installed ones).
@@ -208,4 +249,6 @@ def board_mismatches(board, facts: dict, bundle_format_version: int = 1, needs_k
         if reason:
             why.append(reason)
     probe = backends.get(board.backend).load("probe")
-    return why + list(probe(board, facts))
+    why += list(probe(board, facts))
+    differs = stack_mismatch(board, facts) if stack else None
+    return why + ([differs] if differs else [])

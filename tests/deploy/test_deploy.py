@@ -226,8 +226,13 @@ def test_board_checks_and_force(box, bundles, tmp_path):
     assert "--force" in res.output and "FORCED" in res.output and res.exit_code == 9
     assert "failed at golden" in res.output                      # forced through the probe, stopped by golden
     assert not (root / "current").exists()
+    # emulated: the box's software stack is a warning, not a forced check (the cpu bundle then refuses --emulate)
+    res = cli(box, "deploy", str(bundles["v1"]), "--host", "box", "--board", "pynq-z2", "--force", "--emulate")
+    assert res.output.count("FORCED") == 2 and "warning: box: emulated: its software stack is not pynq-z2's" in res.output
+    assert res.exit_code == 9 and "--emulate/--device apply to accelerator" in res.output
     res = cli(box, "deploy", str(bundles["v1"]), "--host", "box", "--board", "pynq-z2", "--force")
-    assert res.exit_code == 0 and res.output.count("FORCED") == 2   # golden ran as the bundle's own board
+    assert res.exit_code == 0 and res.output.count("FORCED") == 3   # golden ran as the bundle's own board
+    assert "its software stack is not pynq-z2's" in res.output and "arch x86_64, the image's is armv7l" in res.output
     assert (root / "current" / MANIFEST).is_file()
 
 

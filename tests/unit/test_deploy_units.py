@@ -3,13 +3,14 @@ trees laid out as the vendors' images lay them out, the board identity rules, th
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
 from edgehft.bundle import FORMAT_VERSION
-from edgehft.boards import load_board
+from edgehft.boards import list_boards, load_board
 from edgehft.deploy.inventory import read_inventory
-from edgehft.deploy.probe import board_mismatches, parse_l4t, probe_box
+from edgehft.deploy.probe import PACKAGES, board_mismatches, parse_l4t, probe_box, stack_mismatch
 from edgehft.deploy.ssh import agent_argv, parse_target, ssh_argv
 from edgehft.errors import InputError
 
@@ -67,9 +68,10 @@ def test_board_identity_rules():
               "edgetpu": {"usb": 0, "pci": 0}}
     assert board_mismatches(load_board("cpu"), litert) == []
     assert "no LiteRT interpreter" in board_mismatches(load_board("cpu"), {**litert, "packages": {}})[0]
-    assert board_mismatches(load_board("pynq-z2"), {**litert, "pynq_board": "Pynq-Z2"}) == []
+    z2 = {**litert, "packages": {"edgehft": "0.2.0", "tflite-runtime": "2.14.0", "pynq": "3.1.2"}}
+    assert board_mismatches(load_board("pynq-z2"), {**z2, "pynq_board": "Pynq-Z2"}) == []
     assert "PYNQ board is ZCU104, pynq-z2 needs Pynq-Z2" in board_mismatches(
-        load_board("pynq-z2"), {**litert, "pynq_board": "ZCU104"})[0]
+        load_board("pynq-z2"), {**z2, "pynq_board": "ZCU104"})[0]
     orin = {**litert, "l4t": "36.4.0", "device_tree_model": "NVIDIA Jetson AGX Orin Developer Kit"}
     assert board_mismatches(load_board("jetson-agx-orin"), orin) == []
     why = board_mismatches(load_board("jetson-orin-nano"), orin)
@@ -82,6 +84,46 @@ def test_board_identity_rules():
     assert "this bundle is format 2" in board_mismatches(load_board("cpu"), litert, 2)[0]
     assert board_mismatches(load_board("cpu"), litert, 1) == []
 
+
+
+def test_board_stack_rules():
+    """Every board file states its software stack; deploy's probe names each way a box differs from it, in one
+    reason after the backend's own; an emulated box only hears it as a warning (tests/deploy)."""
+    for board in list_boards():
+        st = board.stack
+        assert st.image and st.arch and st.python, board.name
+        assert set(st.packages) <= set(PACKAGES), board.name
+    z2 = load_board("pynq-z2")
+    real = {"arch": "armv7l", "python": "3.10.12", "pynq_board": "Pynq-Z2", "bundle_format_version": 4,
+            "packages": {"edgehft": "0.3.0", "tflite-runtime": "2.14.0", "pynq": "3.1.2"}}
+    assert stack_mismatch(z2, real) is None and board_mismatches(z2, real) == []
+    x86 = {**real, "arch": "x86_64", "python": "3.11.7",
+           "packages": {"edgehft": "0.3.0", "ai-edge-litert": "2.3.0", "pynq": "4.0.0"}}
+    why = board_mismatches(z2, x86)
+    assert len(why) == 1 and why[0].startswith("its software stack is not pynq-z2's (PYNQ 3.1 SD image")
+    for part in ("arch x86_64, the image's is armv7l", "Python 3.11.7, the image's is ~=3.10.0",
+                 "TFLite interpreter ai-edge-litert, the image takes tflite-runtime (pip install tflite-runtime)",
+                 "pynq 4.0.0, the image has >=3.1,<3.2"):
+        assert part in why[0]
+    assert board_mismatches(z2, x86, stack=False) == []
+    no_pynq = {**real, "packages": {"tflite-runtime": "2.14.0"}}
+    assert stack_mismatch(z2, no_pynq).endswith("pynq not installed, the image has pynq >=3.1,<3.2")
+    assert "Python 3.12.1, the image's is ~=3.10.0" in stack_mismatch(z2, {**real, "python": "3.12.1"})
+    kv = load_board("kv260")
+    assert "TFLite interpreter tflite-runtime, the image takes ai-edge-litert" in stack_mismatch(
+        kv, {**real, "arch": "aarch64", "python": "3.12.3", "packages": {"tflite-runtime": "2.14.0", "pynq": "4.0.1"}})
+    assert stack_mismatch(load_board("cpu"), {"arch": "x86_64", "python": "3.10.14",
+                                              "packages": {"tflite-runtime": "2.14.0"}}) is None
+    assert "arch riscv64" in stack_mismatch(load_board("cpu"), {"arch": "riscv64", "packages": {"ai-edge-litert": "2"}})
+
+
+def test_a_bad_stack_in_a_board_file_is_an_input_error(tmp_path, monkeypatch):
+    from edgehft import boards
+    text = (Path(boards.BOARD_DIRS[1]) / "cpu.toml").read_text().replace('name = "cpu"', 'name = "mine"')
+    (tmp_path / "mine.toml").write_text(text.replace('python = ">=3.10"', 'python = "three ten"'))
+    monkeypatch.setattr(boards, "BOARD_DIRS", (tmp_path,))
+    with pytest.raises(InputError, match="(?s)mine.toml is invalid.*stack.python.*not a PEP 440 version specifier: 'three ten'"):
+        boards.load_board("mine")
 
 
 def test_native_kernel_rules():
