@@ -8,7 +8,7 @@ import click
 import numpy as np
 from rich.table import Table
 
-from edgehft.bundle_checks import bundle_windows, check_golden, golden_mismatch
+from edgehft.bundle_checks import bundle_windows, check_golden, golden_compare, golden_mismatch
 from edgehft.report import printable
 
 MAX_CALLS = 100_000_000       # timed calls a bench keeps (8 bytes each: 800 MB of latencies)
@@ -43,7 +43,7 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
             else:
                 out.print(("[bold magenta]EMULATED[/] " if r.emulated else "") +
                           f"golden vectors: {result['matched']}/{result['count']} reproduced "
-                          f"({result['compare']}) on {result['path']}, plan {result['plan']}"
+                          f"({golden_compare(result)}) on {result['path']}, plan {result['plan']}"
                           + (" [green]OK[/]" if result["ok"] else " [red]MISMATCH[/]"), highlight=False)
             if not result["ok"]:
                 raise golden_mismatch(result, r.describe().get("backend", ""))

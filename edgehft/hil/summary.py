@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from edgehft.bundle_checks import golden_compare
+
 
 def _us(v: float) -> str:
     return f"{v:,.1f} µs" if abs(v) >= 1 else f"{v:.3g} µs"
@@ -34,7 +36,7 @@ def headline(result: dict) -> str:
     """One line of figures for a check result (pass or fail)."""
     kind = result["check"]
     if kind == "golden":
-        what = "bit-exact" if result["compare"] == "exact" else f"within atol {result['atol']:g}"
+        what = golden_compare(result)
         if result["ok"]:
             text = f"{result['matched']}/{result['count']} golden vectors {what} on {result['path']}"
         else:
