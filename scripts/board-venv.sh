@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
-# Create .venv-board: the board-side venv for pynq and the tests in tests/board.
-#   scripts/board-venv.sh && .venv-board/bin/python -m pytest -q tests/board
-# pynq 4.0.0 pins numpy < 2 (and grpcio 1.64 / protobuf < 6), so it cannot share .venv with
-# TensorFlow 2.21. This venv gets edgehft's core only (no extras: no TensorFlow), as a board has.
-# Idempotent: does nothing when .venv-board exists and its imports work. PYTHON picks the interpreter.
+# Create a board-side venv for pynq and the tests in tests/board, on a PYNQ image's software stack:
+#   scripts/board-venv.sh      .venv-board: pynq 4.0.0 (the ZU+ boards' PYNQ 4.0), ai-edge-litert, this Python
+#   scripts/board-venv.sh z2   .venv-board-z2: the PYNQ-Z2's PYNQ 3.1 stack: pynq 3.1.2 on pyenv's Python 3.10,
+#                              tflite-runtime (armv7l has no ai-edge-litert), pycparser < 3 (pynq 3.1's rpc
+#                              module imports pycparser.plyparser, which pycparser 3 removed)
+#   then VENV/bin/python -m pytest -q tests/board
+# pynq pins numpy < 2 (4.0.0 also grpcio 1.64 / protobuf < 6), so it cannot share .venv with TensorFlow 2.21.
+# These venvs get edgehft's core only (no extras: no TensorFlow), as a board has.
+# Idempotent: does nothing when the venv exists and its imports work. PYTHON picks .venv-board's interpreter.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-VENV=.venv-board
-CHECK='import sys, pathlib, importlib.metadata, numpy, pynq, ai_edge_litert, pytest, edgehft
+FLAVOUR=${1:-zu}
+if [ "$FLAVOUR" = z2 ]; then
+    VENV=.venv-board-z2 PYNQ=3.1.2 INTERPRETER=tflite_runtime
+    PY=$(ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.10.*/bin/python3 2>/dev/null | sort -V | tail -1 || true)
+    if [ -z "$PY" ]; then
+        echo "no Python 3.10 under pyenv: .venv-board-z2 (the PYNQ-Z2's stack) not made, its tests not run" >&2
+        exit 0
+    fi
+else
+    VENV=.venv-board PYNQ=4.0.0 INTERPRETER=ai_edge_litert PY=${PYTHON:-python3}
+fi
+CHECK='import sys, pathlib, importlib.metadata, numpy, pynq, '$INTERPRETER', pytest, edgehft
 assert any(e.name == "edgehft" for e in importlib.metadata.entry_points(group="pytest11")), "HIL plugin entry point"
 assert numpy.__version__.split(".")[0] == "1", "numpy " + numpy.__version__
-assert pynq.__version__ == "4.0.0", "pynq " + pynq.__version__
+assert pynq.__version__ == "'$PYNQ'", "pynq " + pynq.__version__
 assert pathlib.Path(edgehft.__file__).resolve().parents[1] == pathlib.Path.cwd().resolve(), edgehft.__file__'
 
 # The native kernel library the editable install builds into edgehft/kernels/cpu/prebuilt (hatch_build.py),
@@ -28,11 +42,24 @@ if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$CHECK" 2>/dev/null; then
     echo "$VENV is up to date"
     exit 0
 fi
-[ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 echo '*' > "$VENV/.gitignore"                 # keep the venv out of git status
 "$VENV/bin/python" -m pip install -q --upgrade pip
-# One resolver run, so edgehft's core dependencies are chosen under pynq's numpy < 2.
-"$VENV/bin/python" -m pip install -q "pynq==4.0.0" "numpy<2" "ai-edge-litert==2.3.0" pytest -e .
+if [ "$FLAVOUR" = z2 ]; then
+    # pyproject's dependencies with tflite-runtime for ai-edge-litert, under pynq's numpy < 2
+    "$VENV/bin/python" -m pip install -q tomli
+    deps=$("$VENV/bin/python" -c 'import re, tomli
+deps = tomli.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+print("\n".join(d for d in deps if not re.match(r"(ai-edge-litert|tflite-runtime|numpy)\b", d)))')
+    mapfile -t deps <<< "$deps"
+    EDGEHFT_SKIP_NATIVE_KERNELS=1 "$VENV/bin/python" -m pip install -q --no-deps -e .
+    echo "$VENV: pip will say edgehft requires ai-edge-litert: expected, this venv runs tflite-runtime instead"
+    "$VENV/bin/python" -m pip install -q "pynq==$PYNQ" "pycparser<3" "numpy>=1.23,<2" "tflite-runtime>=2.13" pytest \
+        "${deps[@]}"
+else
+    # One resolver run, so edgehft's core dependencies are chosen under pynq's numpy < 2.
+    "$VENV/bin/python" -m pip install -q "pynq==$PYNQ" "numpy<2" "ai-edge-litert==2.3.0" pytest -e .
+fi
 "$VENV/bin/python" -c "$CHECK"
 kernels
 echo "$VENV ready: $VENV/bin/python -m pytest -q tests/board"
