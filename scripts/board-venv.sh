@@ -11,6 +11,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 FLAVOUR=${1:-zu}
+case $FLAVOUR in
+    zu|z2) ;;
+    *) echo "unknown board venv flavour '$FLAVOUR': zu (the default, .venv-board) or z2 (.venv-board-z2)" >&2; exit 2 ;;
+esac
 if [ "$FLAVOUR" = z2 ]; then
     VENV=.venv-board-z2 PYNQ=3.1.2 INTERPRETER=tflite_runtime
     PY=$(ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.10.*/bin/python3 2>/dev/null | sort -V | tail -1 || true)

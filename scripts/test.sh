@@ -5,7 +5,7 @@
 # The deploy tests also need Debian's openssh-server (scripts/sshd.sh installs it when missing), the
 # aarch64 and AVX2 checks QEMU and an aarch64 cross compiler (scripts/cross-tools.sh).
 # The main suite is tests/{unit,compile,emulated,deploy,hw} (the groups in tests/conftest.py; tests/board
-# skips there). Arguments go to both runs, e.g. `bash scripts/test.sh -m "not slow"`.
+# skips there). Arguments go to every run, e.g. `bash scripts/test.sh -m "not slow"`.
 set -euo pipefail
 source "$(dirname "$0")/venv.sh" compile,bench,dev
 bash scripts/board-venv.sh
@@ -13,7 +13,7 @@ bash scripts/board-venv.sh z2  # the PYNQ-Z2's stack: pynq 3.1 on Python 3.10, t
 bash scripts/sshd.sh
 bash scripts/cross-tools.sh
 bash scripts/box-ort.sh        # onnxruntime beside the board venv: a box with ONNX Runtime (tests/deploy)
-bash scripts/box-pythons.sh    # the box side on Python 3.10 and 3.12 (tests/pythons)
+bash scripts/box-pythons.sh    # the box side on Python 3.10, 3.12 and 3.10 with tflite-runtime (tests/pythons)
 selects=0                     # a -m/-k selection may leave one of the runs with no test (pytest exit 5)
 for a in "$@"; do case $a in -m|-k|-m?*|-k?*) selects=1 ;; esac; done
 status=0

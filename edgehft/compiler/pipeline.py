@@ -421,8 +421,9 @@ def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> li
     LSTM ops the kernel takes (the dynamic-range graph, LSTM weights from the float conversion);
     ``native-bf16`` when it has CONV_2D or LSTM ops the kernels take, on every host: where bf16 products run
     in hardware (AMX-BF16 tiles, AVX512_BF16's VDPBF16PS) on those, elsewhere on the conv kernel's fp32 loop
-    over the same bf16 operands, which the timing judges like any plan (on an AVX2-only AMD EPYC, Zen 3,
-    DeepLOB's native-bf16 ran 1,354 µs p50 against ONNX Runtime int8's 1,538). Each is said when skipped.
+    over the same bf16 operands, which the timing judges like any plan (on an AVX2-only AMD EPYC, Zen 3, it
+    was chosen for LSTM_A, and DeepLOB's ran 1,354 µs p50 alone against ONNX Runtime int8's 1,538, though
+    interleaved at compile it lost to the native plan). Each is said when skipped.
     ``only``: that plan alone, asked for by name."""
     from edgehft.compiler.native import native_files
     from edgehft.compiler.plans import Candidate
@@ -438,11 +439,11 @@ def _native_candidates(work: Path, ev: dict, say, only: str | None = None) -> li
         if only and plan != only:
             continue
         try:
+            files = native_files(graph, **kw)
             if plan == "native-bf16" and not bf16_in_hardware():
                 say("plan native-bf16: this host has no bf16 products in hardware (AMX-BF16, AVX512_BF16): its "
                     "convs run the conv kernel's fp32 loop on the same bf16 operands (golden vectors and drift from "
                     "there), timed like the other plans; a box with AMX or AVX512_BF16 runs it faster")
-            files = native_files(graph, **kw)
         except LoweringError as exc:
             if only:
                 raise InputError(f"the {plan} plan does not apply to {ev['model'].name}: {exc}",

@@ -171,13 +171,13 @@ def bf16_missing(facts: dict) -> str | None:
         return None
     if flags is not None and not ({"amx_tile", "amx_bf16"} <= set(flags) or "avx512_bf16" in flags):
         return ("the box's CPU has neither AMX-BF16 nor AVX512_BF16 (cpu flags: " +
-                (", ".join(flags) or "none of avx2/avx512f/avx512_bf16/amx") + "): the bundle's only plan, "
-                "native-bf16, would run its convs on the fp32 loop instead of the bf16 products it was built for; "
+                (", ".join(flags) or "none of avx2/avx512f/avx512_bf16/amx") + "): native-bf16, the plan the box "
+                "would run, would have its convs on the fp32 loop instead of the bf16 products it was built for; "
                 "compile with --quant auto (every plan shipped, the box times them and chooses), or --quant native")
     if targets:
         return ("the box's native kernels run no bf16 products in hardware there (they run: " + ", ".join(targets) +
-                "; AMX needs Linux to grant AMX tile data): the bundle's only plan, native-bf16, would run its convs "
-                "on the fp32 loop; compile with --quant auto (every plan shipped, the box times them and chooses), "
+                "; AMX needs Linux to grant AMX tile data): native-bf16, the plan the box would run, would have its "
+                "convs on the fp32 loop; compile with --quant auto (every plan shipped, the box times them and chooses), "
                 "or --quant native")
     return None
 
@@ -196,15 +196,22 @@ def stack_mismatch(board, facts: dict) -> str | None:
 
     def outside(version, spec: str) -> bool:
         try:
-            return Version(str(version)) not in SpecifierSet(spec)
+            return not SpecifierSet(spec).contains(Version(str(version)), prereleases=True)
         except InvalidVersion:
             return True
+
+    def said(version) -> str:
+        try:
+            Version(str(version))
+            return str(version)
+        except InvalidVersion:
+            return f"{version!r} (not a version edgehft can read)"
 
     arch, python = facts.get("arch"), facts.get("python")
     if st.arch and "arch" in facts and arch not in st.arch:
         diff.append(f"arch {arch or 'unknown'}, the image's is {' or '.join(st.arch)}")
     if st.python and "python" in facts and outside(python or "0", st.python):
-        diff.append(f"Python {python or 'unknown'}, the image's is {st.python}")
+        diff.append(f"Python {said(python) if python else 'unknown'}, the image's is {st.python}")
     if st.interpreter and not any(name in pk for name in st.interpreter):
         have = [n for n in ("ai-edge-litert", "tflite-runtime") if n in pk]
         diff.append(f"TFLite interpreter {', '.join(have) or 'none'}, the image takes {' or '.join(st.interpreter)} "
@@ -215,7 +222,7 @@ def stack_mismatch(board, facts: dict) -> str | None:
         elif name not in pk:
             diff.append(f"{name} not installed, the image has {name} {spec}")
         elif outside(pk[name], spec):
-            diff.append(f"{name} {pk[name]}, the image has {spec}")
+            diff.append(f"{name} {said(pk[name])}, the image has {spec}")
     if not diff:
         return None
     image = f" ({st.image})" if st.image else ""
