@@ -17,16 +17,26 @@ RUN_FEATURES_HINT = ("pass --run-features to run it (only for a bundle you trust
                      "sign` and an allowed_signers file say who made a bundle), or pass windows as .npy/.npz")
 
 
-INTERPRETERS = ("ai-edge-litert", "tflite-runtime")
-
-
 def other_interpreter(path: str, expected_path: str) -> bool:
     """Whether two interpreter paths (``"<package> <version> <rest>"``, e.g. ``"tflite-runtime 2.14.0
     BUILTIN+XNNPACK"``) differ only in the TFLite interpreter package or its version: the same kernel path
     built from another TensorFlow release."""
+    from edgehft.runtime.litert import INTERPRETERS
     a, b = path.split(" ", 2), expected_path.split(" ", 2)
     return (len(a) == len(b) == 3 and a[2] == b[2] and a[:2] != b[:2]
             and a[0] in INTERPRETERS and b[0] in INTERPRETERS)
+
+
+def releases_hint(path: str, expected_path: str) -> str | None:
+    """What to do when golden vectors made on ``expected_path`` fail on ``path``, another release of the same
+    interpreter path (:func:`other_interpreter`); None when the paths differ otherwise or not at all."""
+    if not other_interpreter(path, expected_path):
+        return None
+    here, made = (" ".join(p.split(" ", 2)[:2]) for p in (path, expected_path))
+    return (f"this runs {here}, the golden vectors were made with {made}: another release's int8 kernels round "
+            "differently (DeepLOB int8 measured up to 11 LSB apart, tflite-runtime 2.14.0 against ai-edge-litert "
+            f"2.3.0); install {made.replace(' ', '==')} here where it exists for this platform, or compile where "
+            "the interpreter is this release")
 
 
 def check_golden(runner) -> dict:
@@ -48,7 +58,7 @@ def check_golden(runner) -> dict:
     ins, outs = runner.bundle.golden()
     in_names = [s.name for s in runner.bundle.manifest.inputs]
     out_names = [s.name for s in runner.bundle.manifest.outputs]
-    results = []
+    matched, worst = 0, 0.0
     for n in range(g.count):
         res = runner.predict_raw(*(ins[k][n:n + 1] for k in in_names))
         res = res if isinstance(res, tuple) else (res,)
@@ -56,11 +66,11 @@ def check_golden(runner) -> dict:
                  for r, k in zip(res, out_names)]
         # a NaN on either side: no match, and it shows as inf
         d = float("inf") if any(x != x for x in diffs) else max(diffs)
-        results.append(d)
+        worst = max(worst, d)
+        matched += int(d == 0.0 if g.compare == "exact" else d <= g.atol)
     path = runner.describe().get("interpreter", runner.board)
-    matched = sum(int(d == 0.0 if g.compare == "exact" else d <= g.atol) for d in results)
     return {"count": g.count, "matched": matched, "ok": matched == g.count, "compare": g.compare,
-            "max_diff": max(results, default=0.0), "atol": g.atol, "path": path, "expected_path": g.reference_path}
+            "max_diff": worst, "atol": g.atol, "path": path, "expected_path": g.reference_path}
 
 
 def golden_compare(result: dict) -> str:
@@ -73,13 +83,8 @@ def golden_mismatch(result: dict, backend: str) -> GoldenMismatchError:
     :class:`~edgehft.backends.Backend` ``golden_hint`` starts the hint, the default one for a name not installed)."""
     from edgehft.backends import Backend, find
     spec = find(backend) if backend else None
-    hint = (spec.golden_hint if spec is not None else Backend.golden_hint) + result["expected_path"]
-    if other_interpreter(result["path"], result["expected_path"]):
-        here, made = (" ".join(p.split(" ", 2)[:2]) for p in (result["path"], result["expected_path"]))
-        hint = (f"this runs {here}, the golden vectors were made with {made}: another release's int8 kernels "
-                "round differently (DeepLOB int8 measured up to 11 LSB apart, tflite-runtime 2.14.0 against "
-                f"ai-edge-litert 2.3.0); install {made.replace(' ', '==')} here where it exists for this "
-                "platform, or compile where the interpreter is this release")
+    hint = (releases_hint(result.get("path", ""), result["expected_path"])
+            or (spec.golden_hint if spec is not None else Backend.golden_hint) + result["expected_path"])
     return GoldenMismatchError(
         f"{result['count'] - result['matched']} of {result['count']} golden vectors differ "
         f"(max diff {result['max_diff']})", hint=hint)

@@ -50,16 +50,7 @@ fi
 echo '*' > "$VENV/.gitignore"                 # keep the venv out of git status
 "$VENV/bin/python" -m pip install -q --upgrade pip
 if [ "$FLAVOUR" = z2 ]; then
-    # pyproject's dependencies with tflite-runtime for ai-edge-litert, under pynq's numpy < 2
-    "$VENV/bin/python" -m pip install -q tomli
-    deps=$("$VENV/bin/python" -c 'import re, tomli
-deps = tomli.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-print("\n".join(d for d in deps if not re.match(r"(ai-edge-litert|tflite-runtime|numpy)\b", d)))')
-    mapfile -t deps <<< "$deps"
-    EDGEHFT_SKIP_NATIVE_KERNELS=1 "$VENV/bin/python" -m pip install -q --no-deps -e .
-    echo "$VENV: pip will say edgehft requires ai-edge-litert: expected, this venv runs tflite-runtime instead"
-    "$VENV/bin/python" -m pip install -q "pynq==$PYNQ" "pycparser<3" "numpy>=1.23,<2" "tflite-runtime>=2.13" pytest \
-        "${deps[@]}"
+    bash scripts/tflite-stack.sh "$VENV" "pynq==$PYNQ" "pycparser<3" pytest
 else
     # One resolver run, so edgehft's core dependencies are chosen under pynq's numpy < 2.
     "$VENV/bin/python" -m pip install -q "pynq==$PYNQ" "numpy<2" "ai-edge-litert==2.3.0" pytest -e .

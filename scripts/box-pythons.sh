@@ -31,15 +31,7 @@ for v in "${versions[@]}"; do
     echo '*' > "$venv/.gitignore"
     "$venv/bin/python" -m pip install -q --upgrade pip
     if [[ "$v" == *-tflite ]]; then
-        # pyproject's dependencies with tflite-runtime for ai-edge-litert and numpy < 2 (tflite-runtime's ABI)
-        "$venv/bin/python" -m pip install -q tomli
-        deps=$("$venv/bin/python" -c 'import re, tomli
-deps = tomli.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-print("\n".join(d for d in deps if not re.match(r"(ai-edge-litert|tflite-runtime|numpy)\b", d)))')
-        EDGEHFT_SKIP_NATIVE_KERNELS=1 "$venv/bin/python" -m pip install -q --no-deps -e .
-        mapfile -t deps <<< "$deps"
-        echo "$venv: pip will say edgehft requires ai-edge-litert: expected, this venv runs tflite-runtime instead"
-        "$venv/bin/python" -m pip install -q pytest "numpy>=1.23,<2" "tflite-runtime>=2.13" "${deps[@]}"
+        bash scripts/tflite-stack.sh "$venv" pytest
     else
         EDGEHFT_SKIP_NATIVE_KERNELS=1 "$venv/bin/python" -m pip install -q pytest -e .
     fi

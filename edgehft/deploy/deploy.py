@@ -74,7 +74,7 @@ from typing import Callable
 
 from edgehft.boards import load_board
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
-from edgehft.bundle_checks import golden_mismatch, other_interpreter
+from edgehft.bundle_checks import releases_hint
 from edgehft.deploy.probe import board_mismatches, stack_mismatch
 from edgehft.deploy.ssh import AgentSession, SshTarget, run_agent
 from edgehft.errors import DeployError, EdgeHFTError, GoldenMismatchError, InputError, RemoteError
@@ -410,13 +410,12 @@ def _install(steps: _Steps, b, files: list[str], vid: str, meta: dict, expect: s
             # the golden vectors run as the bundle's own board (with --force the box may be labelled otherwise)
             res.golden = g = steps.run("golden", "golden", "--version", vid, "--board", b.manifest.board, *golden_args)
         if not g["ok"]:
-            releases = (golden_mismatch(g, "").hint + "; " if other_interpreter(g["path"], g["expected_path"])
-                        else "")
+            releases = releases_hint(g["path"], g["expected_path"])
             raise GoldenMismatchError(f"golden vectors differ on the box: {g['count'] - g['matched']} of "
                                       f"{g['count']} (max diff {g['max_diff']}, {g['compare']}, ran on "
                                       f"{g['path']}; expected {g['expected_path']})",
-                                      hint=releases + "the box's runtime does not compute what the bundle was "
-                                           "compiled to compute; nothing was switched")
+                                      hint=(f"{releases}; " if releases else "") + "the box's runtime does not "
+                                           "compute what the bundle was compiled to compute; nothing was switched")
         _latency_step(steps, b, vid, emulate)
         switched = steps.run("switch", "activate", "--version", vid, "--keep", str(keep), "--held",
                              "--expect-active", expect or "none")

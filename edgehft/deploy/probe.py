@@ -190,6 +190,8 @@ def stack_mismatch(board, facts: dict) -> str | None:
     states no stack. A fact the box did not report (no ``arch`` or ``python`` key) is not checked."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import InvalidVersion, Version
+
+    from edgehft.runtime.litert import INTERPRETERS
     st = board.stack
     pk = facts.get("packages") or {}
     diff = []
@@ -213,7 +215,7 @@ def stack_mismatch(board, facts: dict) -> str | None:
     if st.python and "python" in facts and outside(python or "0", st.python):
         diff.append(f"Python {said(python) if python else 'unknown'}, the image's is {st.python}")
     if st.interpreter and not any(name in pk for name in st.interpreter):
-        have = [n for n in ("ai-edge-litert", "tflite-runtime") if n in pk]
+        have = [n for n in INTERPRETERS if n in pk]
         diff.append(f"TFLite interpreter {', '.join(have) or 'none'}, the image takes {' or '.join(st.interpreter)} "
                     f"(pip install {st.interpreter[0]})")
     for name, spec in st.packages.items():

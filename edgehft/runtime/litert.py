@@ -10,6 +10,7 @@ from pathlib import Path
 from edgehft.errors import BoardUnavailableError
 
 OP_RESOLVERS = ("auto", "builtin", "reference")
+INTERPRETERS = ("ai-edge-litert", "tflite-runtime")     # the TFLite interpreter distributions, in the order taken
 
 
 def load_interpreter_module():
