@@ -111,7 +111,7 @@ def test_xnnpack_refusal_falls_back_to_builtin_kernels(tmp_path, odd, monkeypatc
     assert next(iter(outs.values())).shape == (2, 1, 1 << 24, 1)
     r = CliRunner().invoke(main, ["run", str(out), "--golden", "--emulate"])
     assert r.exit_code == 0, r.output
-    assert "2/2 reproduced (exact)" in _text(r) and "XNNPACK refused to prepare the model" in _text(r)
+    assert "2/2 reproduced (bit-exact)" in _text(r) and "XNNPACK refused to prepare the model" in _text(r)
 
 
 def test_batch4_model_is_cpu_for_the_edge_tpu_with_its_reason(tmp_path, odd, monkeypatch):
