@@ -65,7 +65,7 @@ import socket
 import tarfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -76,7 +76,7 @@ from edgehft.boards import load_board
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
 from edgehft.bundle_checks import releases_hint
 from edgehft.deploy.probe import board_mismatches, stack_mismatch
-from edgehft.deploy.ssh import AgentSession, SshTarget, run_agent
+from edgehft.deploy.ssh import AgentSession, SshTarget, one_connection, run_agent
 from edgehft.errors import DeployError, EdgeHFTError, GoldenMismatchError, InputError, RemoteError
 from edgehft.runtime.plans import DEFAULT_SELECT, check_select
 from edgehft.signing import SIGNATURE
@@ -229,7 +229,7 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
            dry_run: bool = False, keep: int = 3, emulate: bool = False, select: str = DEFAULT_SELECT,
            plan: str | None = None, core: int | None = None, plan_rounds: int = 300, latency_gate: bool = True,
            budget_p99_us: float | None = None, budget_p999_us: float | None = None,
-           gate_samples: int = GATE_SAMPLES, gate_warmup: int = GATE_WARMUP,
+           gate_samples: int = GATE_SAMPLES, gate_warmup: int = GATE_WARMUP, share_connection: bool = True,
            on_step: Callable[[str, SshTarget, dict], None] | None = None) -> DeployResult:
     """Deploy the bundle at ``bundle_dir`` to ``target``; never raises for a per-host failure.
 
@@ -247,6 +247,10 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
             docstring); False: switch untimed, with a warning here and in the box's history.
         budget_p99_us, budget_p999_us: the gate's budget (µs, > 0), each replacing the board file's.
         gate_samples, gate_warmup: the gate's timed calls (>= 1) and untimed calls before them (>= 0).
+        share_connection: every call from the probe on is a session on one SSH connection to the box
+            (:func:`~edgehft.deploy.ssh.one_connection`); False: one connection per call, as before it
+            (benchmarks/deploy_fleet.py compares them). A session the box's sshd refuses on the shared
+            connection (``MaxSessions 1``: the hold is one) opens a connection of its own (OpenSSH does that).
         on_step: called before each step with (step, target, context) — progress display and fault tests.
     Returns:
         :class:`DeployResult`; ``exit_code`` 9 refused/failed (box unchanged; also: held by another deploy,
@@ -260,26 +264,23 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
     res = DeployResult(host=target.label, board=board or "?", install_dir=target.install_dir)
     ctx: dict = {}
     steps = _Steps(target, res, on_step, ctx)
+    connection = ExitStack()        # the box's one SSH connection, from the probe to the end
     try:
-        b = load_bundle(bundle_dir, verify=True)
-        b.require_golden()           # none (compile could not make them): refused before the box is touched
         check_select(select)
         ctx["gate"] = _gate_options(latency_gate, budget_p99_us, budget_p999_us, gate_samples, gate_warmup)
-        if plan is not None:
-            b.plan(plan)             # an unknown plan: exit 3, naming the bundle's plans
-        res.board = name = board or b.manifest.board
-        spec = load_board(name)
-        if name != b.manifest.board:
-            why = f"the bundle was compiled for {b.manifest.board}, not {name}"
-            if not force:
-                raise DeployError(why, hint=f"compile for --board {name}, or deploy with --board {b.manifest.board}")
-            res.forced.append(why)
+        b, spec = _local_bundle(bundle_dir, board, plan, force, res)
+        name = res.board
         files = sorted(b.manifest.files) + [MANIFEST] + ([SIGNATURE] if (b.path / SIGNATURE).is_file() else [])
         nbytes = sum((b.path / f).stat().st_size for f in files)
         bundle_sha = sha256_file(b.path / MANIFEST)
         vid = version_id(bundle_sha)
         ctx.update(bundle=str(b.path), version=vid, files=len(files), bytes=nbytes)
+        t0 = time.perf_counter()
+        if share_connection:
+            steps.target = connection.enter_context(one_connection(target))  # one SSH connection from here on
+        connect_s = time.perf_counter() - t0
         status = _probe(steps, b, spec, force, res, plan, emulate)
+        res.seconds["probe"] = round(res.seconds["probe"] + connect_s, 3)   # the probe's time includes the connect
         res.version = vid
         choosing = ctx["choosing"] = bool(ctx["choose_on_box"] and len(b.plan_names()) > 1)
         if core is None and spec.runtime.get("core") is not None:
@@ -301,7 +302,27 @@ def deploy(target: SshTarget, bundle_dir: str | Path, board: str | None = None, 
         if isinstance(exc, RemoteError) and steps.current == "switch":
             res.hint = ("the connection dropped during the switch: the box is on the old or the new version, "
                         "never between; `edgehft status --host` tells which")
+    finally:
+        connection.close()
     return res
+
+
+def _local_bundle(bundle_dir, board: str | None, plan: str | None, force: bool, res: DeployResult):
+    """The bundle, verified here, and the board file it is deployed as (``res.board``; another board than the
+    bundle's only with ``force``, listed in ``res.forced``): ``(bundle, board spec)``. Refused before the box is
+    touched: a damaged bundle (exit 6), one without golden vectors, an unknown ``plan`` (exit 3)."""
+    b = load_bundle(bundle_dir, verify=True)
+    b.require_golden()           # none (compile could not make them): refused before the box is touched
+    if plan is not None:
+        b.plan(plan)             # an unknown plan: exit 3, naming the bundle's plans
+    res.board = name = board or b.manifest.board
+    spec = load_board(name)
+    if name != b.manifest.board:
+        why = f"the bundle was compiled for {b.manifest.board}, not {name}"
+        if not force:
+            raise DeployError(why, hint=f"compile for --board {name}, or deploy with --board {b.manifest.board}")
+        res.forced.append(why)
+    return b, spec
 
 
 def _dry_run_lines(b, target: SshTarget, vid: str, files: list, nbytes: int, status: dict, keep: int,

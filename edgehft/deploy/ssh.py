@@ -17,7 +17,12 @@ box; the agent answers with JSON lines on stdout. Safety rules kept here, in one
   agent gives up on its side after the idle timeout (``--idle-timeout``, see :mod:`edgehft.deploy.agent`).
   ``$EDGEHFT_IDLE_TIMEOUT`` sets the default for both;
 - ssh's own messages go to a log file of their own (``-E``, ``LogLevel=DEBUG1``), apart from the remote
-  program's stderr, so what the box agent or its runtime print can never be mistaken for ssh failing.
+  program's stderr, so what the box agent or its runtime print can never be mistaken for ssh failing;
+- one connection per box for a whole deploy (:func:`one_connection`): an OpenSSH ControlMaster this process
+  owns (a child of it, killed with it), on a control socket in a private directory (mode 0700) that lives
+  as long as the deploy; every call of the deploy is a session on it (``ControlMaster=no``), so the box
+  sees one TCP connection, one authentication and one set of keepalives. What the master alone knows (a
+  remote command killed by a signal, a stalled or dropped link) is read from the master's own log.
 
 Exit status of ``ssh`` and what it becomes (OpenSSH 9.2, checked against a real sshd): a remote command
 killed by a signal makes ssh exit 255, the same status as its own failures, and ssh prints nothing; only
@@ -42,7 +47,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Iterator
 
 from edgehft.errors import DeployError, HostKeyError, InputError, RemoteError
 
@@ -54,6 +61,17 @@ DEFAULT_IDLE_TIMEOUT_S = 30.0
 _FATAL = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Floating point exception": "SIGFPE",
           "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}    # the agent's faulthandler names these
 _BENIGN_LOG = ("Authenticated to ", "Transferred: ", "Bytes per second: ")     # ssh's INFO lines on success
+
+
+@dataclass(frozen=True)
+class Multiplex:
+    """A connection shared by several ssh calls (:func:`one_connection`): the master's control ``socket``
+    and its ``-E`` ``log``; ``error``: the master could not connect (its classified failure): every call
+    made with it raises that instead of trying again."""
+
+    socket: str
+    log: str
+    error: RemoteError | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,7 @@ class SshTarget:
     ssh_config: str | None = None
     extra_env: dict = field(default_factory=dict, compare=False)
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S
+    mux: Multiplex | None = field(default=None, compare=False)
 
     @property
     def label(self) -> str:
@@ -172,13 +191,17 @@ def keepalive_options(idle_timeout: float) -> list[str]:
     return [f"ServerAliveInterval={max(1, int(idle_timeout // 6))}", "ServerAliveCountMax=3"]
 
 
-def ssh_argv(target: SshTarget, remote_argv: list[str], log_file: str | None = None) -> list[str]:
-    """The local ``ssh`` command line that runs ``remote_argv`` on the box (each element one argument);
-    with ``log_file``, ssh's own messages go there (``-E``, debug level 1), not to its stderr."""
+def ssh_argv(target: SshTarget, remote_argv: list[str] | None, log_file: str | None = None) -> list[str]:
+    """The local ``ssh`` command line that runs ``remote_argv`` on the box (each element one argument) as a
+    session on ``target.mux`` when it has one; ``remote_argv`` None: the master of a :class:`Multiplex`
+    (``ControlMaster=yes``, ``-N``; not ``-M`` as well: twice is "ask" mode, which refuses every session). With ``log_file``, ssh's own messages go there (``-E``,
+    debug level 1), not to its stderr."""
     argv = ["ssh"]
     if target.ssh_config:
         argv += ["-F", target.ssh_config]
-    for opt in (*SSH_OPTIONS, *keepalive_options(target.idle_timeout),
+    mux = [f"ControlPath={target.mux.socket}", "ControlMaster=no" if remote_argv is not None else "ControlMaster=yes",
+           "ControlPersist=no"] if target.mux else []
+    for opt in (*SSH_OPTIONS, *keepalive_options(target.idle_timeout), *mux,
                 "LogLevel=DEBUG1" if log_file else "LogLevel=ERROR"):
         argv += ["-o", opt]
     if log_file:
@@ -188,7 +211,7 @@ def ssh_argv(target: SshTarget, remote_argv: list[str], log_file: str | None = N
     if target.port:
         argv += ["-p", str(target.port)]
     host = target.host[1:-1] if target.host.startswith("[") else target.host
-    return argv + [host, shlex.join(remote_argv)]
+    return argv + ([host, shlex.join(remote_argv)] if remote_argv is not None else ["-N", host])
 
 
 def agent_argv(target: SshTarget, command: str, *args: str) -> list[str]:
@@ -330,13 +353,17 @@ def run_agent(target: SshTarget, command: str, *args: str, stdin=None, input_byt
         input_bytes: bytes sent to the agent's stdin instead.
         timeout: seconds before the local ssh is killed (the box cleans up as on a dropped connection).
     Raises:
-        RemoteError / HostKeyError: ssh itself failed (exit 255), or ``timeout`` passed.
+        RemoteError / HostKeyError: ssh itself failed (exit 255), or ``timeout`` passed, or the target's
+            shared connection (:func:`one_connection`) could not connect.
         DeployError: see :func:`agent_outcome`.
     """
+    if target.mux is not None and target.mux.error is not None:
+        raise target.mux.error
     tmp = tempfile.mkdtemp(prefix="edgehft-ssh-")
     try:
         log = os.path.join(tmp, "ssh.log")
-        argv = ssh_argv(target, agent_argv(target, command, *args), log_file=log)
+        remote = agent_argv(target, command, *args)
+        argv = ssh_argv(target, remote, log_file=log)
         with open(os.path.join(tmp, "stderr"), "w+b") as err:
             try:
                 proc = subprocess.run(argv, stdin=stdin, input=input_bytes, stdout=subprocess.PIPE, stderr=err,
@@ -351,9 +378,93 @@ def run_agent(target: SshTarget, command: str, *args: str, stdin=None, input_byt
             err.seek(0)
             stderr = err.read().decode(errors="replace")
         return agent_outcome(target, command, proc.returncode, proc.stdout.decode(errors="replace"), stderr,
-                             _read_text(log))
+                             _master_part(target, shlex.join(remote), _read_text(log)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _master_part(target: SshTarget, remote: str, ssh_log: str) -> str:
+    """``ssh_log`` of a session on ``target.mux`` with what the master logged about it: the lines of the
+    channel that ran ``remote`` (its ``rtype exit-signal``: the box killed it) and the master's own messages
+    since (a stalled or dropped link). The log as it is for a call without a shared connection."""
+    if target.mux is None:
+        return ssh_log
+    lines = _read_text(target.mux.log).splitlines()
+    sent = [i for i, ln in enumerate(lines) if ln.endswith("Sending command: " + remote)]
+    if not sent:
+        return ssh_log
+    start = sent[-1]
+    opened = [m.group(1) for ln in lines[:start] if (m := re.search(r"channel (\d+): new session", ln))]
+    chan = f"channel {opened[-1]}" if opened else None
+    mine = []
+    for ln in lines[start:]:
+        if chan and chan in ln:
+            mine.append(ln)
+            if f"{chan}: free" in ln:
+                chan = None
+        elif not ln.startswith("debug"):
+            mine.append(ln)
+    return "\n".join([ssh_log, *mine])
+
+
+@contextmanager
+def one_connection(target: SshTarget, connect_timeout_s: float = 30.0) -> Iterator[SshTarget]:
+    """``target`` with one SSH connection that every call made with it shares, for the ``with`` block.
+
+    The master is ``ssh -N`` (``ControlMaster=yes``) run by this process (killed with it: the box agent then sees its sessions
+    end, as on a dropped connection), its control socket in a private temporary directory, both gone when
+    the block ends. Calls made with the yielded target are sessions on it (:func:`ssh_argv`); the box's
+    environment is the master's (OpenSSH does not pass a session's ``SetEnv`` through the master; edgehft's
+    own variables travel in the remote command line). A session the box's sshd refuses on the master (its
+    ``MaxSessions``) opens a connection of its own, as OpenSSH's client does. A master that cannot connect (exit 255) makes every
+    call raise its classified failure at once (no second try costing another connect timeout); one that
+    does not answer within ``connect_timeout_s`` seconds, a control path too long for a Unix socket, or no
+    ``ssh`` client: the calls connect one by one as without this.
+    """
+    if target.mux is not None:
+        yield target
+        return
+    tmp = tempfile.mkdtemp(prefix="edgehft-ssh-")           # mode 0700: the socket is this user's alone
+    mux = Multiplex(socket=os.path.join(tmp, "s"), log=os.path.join(tmp, "master.log"))
+    master = None
+    try:
+        if len(mux.socket) < 100:                            # sun_path holds 108 bytes
+            try:
+                master = subprocess.Popen(ssh_argv(replace(target, mux=mux), None, log_file=mux.log),
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL,
+                                          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+            except FileNotFoundError:
+                master = None
+        yield _await_master(target, mux, master, connect_timeout_s) if master else target
+    finally:
+        if master is not None and master.poll() is None:
+            master.terminate()
+            try:
+                master.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                master.kill()
+                master.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _await_master(target: SshTarget, mux: Multiplex, master: subprocess.Popen, timeout_s: float) -> SshTarget:
+    """The target for calls on ``master`` once its socket is there; with ``mux.error`` set when it failed
+    with ssh's status 255; ``target`` itself (calls connect one by one) when it neither listens nor fails
+    within ``timeout_s`` seconds (it is stopped) or ends otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.path.exists(mux.socket):
+            return replace(target, mux=mux)
+        if master.poll() is not None:
+            if master.returncode == 255:
+                error = classify_ssh_failure(target, _ssh_messages(_read_text(mux.log)))
+                return replace(target, mux=replace(mux, error=error))
+            return target
+        time.sleep(0.005)
+    master.kill()
+    master.wait()
+    return target
 
 
 def _read_text(path: str) -> str:
@@ -370,18 +481,21 @@ class AgentSession:
     ends it and returns its JSON lines as :func:`run_agent` would (or raises as it would).
 
     Raises (constructor):
-        RemoteError: no ``ssh`` client on this machine.
+        RemoteError: no ``ssh`` client on this machine; the target's shared connection failed.
     """
 
     def __init__(self, target: SshTarget, command: str, *args: str):
+        if target.mux is not None and target.mux.error is not None:
+            raise target.mux.error
         self.target, self.command = target, command
+        self.remote = agent_argv(target, command, *args)
         self.tmp = tempfile.mkdtemp(prefix="edgehft-ssh-")
         self.log = os.path.join(self.tmp, "ssh.log")
         self.err = open(os.path.join(self.tmp, "stderr"), "w+b")
         self.out = b""
         self._ended: tuple | None = None          # (returncode, stdout, stderr, ssh log) once finished
         try:
-            self.proc = subprocess.Popen(ssh_argv(target, agent_argv(target, command, *args), log_file=self.log),
+            self.proc = subprocess.Popen(ssh_argv(target, self.remote, log_file=self.log),
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
                                          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         except FileNotFoundError:
@@ -428,7 +542,8 @@ class AgentSession:
                 rest, _ = self.proc.communicate()
             self.err.seek(0)
             self._ended = (self.proc.returncode, (self.out + (rest or b"")).decode(errors="replace"),
-                           self.err.read().decode(errors="replace"), _read_text(self.log))
+                           self.err.read().decode(errors="replace"),
+                           _master_part(self.target, shlex.join(self.remote), _read_text(self.log)))
         return agent_outcome(self.target, self.command, *self._ended)
 
     def close(self) -> None:

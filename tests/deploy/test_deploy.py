@@ -268,6 +268,29 @@ host = "nobody@127.0.0.1:1"
     assert table.exit_code == 9 and "failed at probe" in table.output and table.output.count("│ ok") == 2
 
 
+def test_a_deploy_is_one_ssh_connection_to_the_box(box, bundles):
+    # issue 18: one SSH connection per box for a whole deploy (an OpenSSH ControlMaster of the deploy's own),
+    # counted in the box's sshd log; with share_connection=False each step connects on its own, as before.
+    sshd, _, root = box
+    log = sshd.work / "sshd.log"
+
+    def accepted() -> int:
+        return log.read_text(errors="replace").count("Accepted publickey")
+
+    n0 = accepted()
+    shared = deploy(target(box), bundles["v1"])
+    n1 = accepted()
+    per_call = deploy(target(box), bundles["v2"], share_connection=False)
+    n2 = accepted()
+    assert shared.ok and per_call.ok and per_call.active_before == shared.active_after
+    assert list(shared.seconds) == list(per_call.seconds) == ["probe", "hold", "upload", "verify", "golden",
+                                                              "latency", "switch"]
+    assert n1 - n0 == 1 and n2 - n1 == len(per_call.seconds)
+    masters = subprocess.run(["pgrep", "-f", "ControlMaster=yes"], capture_output=True, text=True).stdout.split()
+    assert masters == []                        # the master ended with the deploy
+    assert serves(root)["ok"]
+
+
 def test_no_shell_injection(box, bundles, tmp_path):
     sshd, cfg, _ = box
     canary = tmp_path / "PWNED"
