@@ -124,6 +124,32 @@ def mlp(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def stream_runtime_models(tmp_path_factory) -> Path:
+    """Directory of tests/make_stream_runtime_models.py's models (``NAME.keras`` and calibration windows
+    ``NAME.npy``), built once per session."""
+    return run_maker(ROOT / "tests" / "make_stream_runtime_models.py", tmp_path_factory.mktemp("stream_rt_models"))
+
+
+@pytest.fixture(scope="session")
+def stream_runtime_bundle(stream_runtime_models, tmp_path_factory):
+    """``stream_runtime_bundle(name, quant="native")`` -> the bundle of that model compiled for the cpu board on
+    few windows (12 calibration, 8 drift, 2 golden), once per session for every module that asks: treat it as
+    read-only (copy it before changing a file)."""
+    from edgehft.compiler.pipeline import CompileOptions, compile_model
+    out = tmp_path_factory.mktemp("stream_rt_bundles")
+    done: dict = {}
+
+    def get(name: str, quant: str = "native") -> Path:
+        if (name, quant) not in done:
+            src = stream_runtime_models
+            compile_model(src / f"{name}.keras", [src / f"{name}.npy"], out / f"{name}.{quant}",
+                          CompileOptions(board="cpu", quant=quant, calib_windows=12, drift_windows=8, golden_count=2))
+            done[name, quant] = out / f"{name}.{quant}"
+        return done[name, quant]
+    return get
+
+
+@pytest.fixture(scope="session")
 def deeplob_bundle(tmp_path_factory) -> Path:
     """The shipped DeepLOB compiled for the cpu board as full int8 (bit-exact golden vectors; the board's
     default plan is ``auto``), calibrated on the shipped real feed."""
@@ -133,9 +159,10 @@ def deeplob_bundle(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def deeplob_jetson(tmp_path_factory) -> Path:
-    """The shipped DeepLOB compiled for jetson-agx-orin (the ONNX model; the engine is built on a board)."""
+    """The shipped DeepLOB compiled for jetson-agx-orin (the ONNX model; the engine is built on a board), once
+    per session: read-only (the tests that use it check that nothing writes into it)."""
     from edgehft.compiler.pipeline import CompileOptions, compile_model
     out = tmp_path_factory.mktemp("jetson-gpu") / "deeplob.jetson"
     compile_model(DEEPLOB / "deeplob.keras", [FEED_DAY1], out, CompileOptions(board="jetson-agx-orin"))

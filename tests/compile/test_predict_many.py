@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT, run_maker
 from edgehft import runtime
 from edgehft.cli.common import main
 from edgehft.compiler.pipeline import CompileOptions, compile_model
@@ -34,12 +33,8 @@ def mlp_bundles(mlp, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def lstm_native(tmp_path_factory):
-    src = run_maker(ROOT / "tests" / "make_stream_runtime_models.py", tmp_path_factory.mktemp("pm_models"))
-    out = tmp_path_factory.mktemp("pm_native") / "lstm_bias.native"
-    compile_model(src / "lstm_bias.keras", [src / "lstm_bias.npy"], out,
-                  CompileOptions(board="cpu", quant="native", calib_windows=12, drift_windows=8, golden_count=2))
-    return out
+def lstm_native(stream_runtime_bundle):
+    return stream_runtime_bundle("lstm_bias", "native")
 
 
 def _windows(mlp, n, start=0):

@@ -15,35 +15,22 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT, run_maker
 from edgehft import runtime
-from edgehft.compiler.pipeline import CompileOptions, compile_model
 from edgehft.errors import DTypeError, InputError, NonFiniteInputError, RunnerStateError, ShapeError
 from edgehft.kernels.cpu import build
 from edgehft.kernels.cpu.build import force_target
 from native_reference import cpu_targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("g++")]
-FAST = dict(calib_windows=12, drift_windows=8, golden_count=2)
 SIMD = [t for t in cpu_targets() if t not in build.CONV_ONLY]
 T_A, F_A = 50, 100
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory):
-    """``bundles(name, quant)`` -> tests/make_stream_runtime_models.py's model compiled for the cpu board (each
-    once per module)."""
-    src = run_maker(ROOT / "tests" / "make_stream_runtime_models.py", tmp_path_factory.mktemp("stream_rt_models"))
-    out = tmp_path_factory.mktemp("stream_rt_bundles")
-    done = {}
-
-    def get(name, quant="native"):
-        if (name, quant) not in done:
-            done[name, quant] = out / f"{name}.{quant}"
-            compile_model(src / f"{name}.keras", [src / f"{name}.npy"], done[name, quant],
-                          CompileOptions(board="cpu", quant=quant, **FAST))
-        return done[name, quant]
-    return get
+def bundles(stream_runtime_bundle):
+    """``bundles(name, quant)`` -> tests/make_stream_runtime_models.py's model compiled for the cpu board
+    (conftest's session fixture: once per session)."""
+    return stream_runtime_bundle
 
 
 def _rows(n, features, seed=0):

@@ -13,7 +13,6 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from conftest import DEEPLOB, FEED_DAY1
 from edgehft.boards import load_board
 from edgehft.bundle import load_bundle
 from edgehft.cli import main
@@ -85,10 +84,9 @@ def _snapshot(bundle):
 
 
 @pytest.fixture(scope="module")
-def deeplob_agx(tmp_path_factory):
-    out = tmp_path_factory.mktemp("trt-report") / "deeplob.agx-orin"
-    compile_model(DEEPLOB / "deeplob.keras", [FEED_DAY1], out, CompileOptions(board="jetson-agx-orin"))
-    return out
+def deeplob_agx(deeplob_jetson):
+    """conftest's session bundle of DeepLOB for jetson-agx-orin."""
+    return deeplob_jetson
 
 
 @pytest.fixture

@@ -15,27 +15,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BOARD_PY, ROOT, run_maker
+from conftest import BOARD_PY
 from deploy_box import box, deployed  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("g++", "board-venv")]
 
-FAST = dict(calib_windows=12, drift_windows=8, golden_count=2)
 T, F = 10, 7                       # lstm_bias: LSTM(12) -> LSTM(9) -> Dense(2) over 10 x 7 rows
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory):
-    """``{"lstm": native plan of lstm_bias, "dense": float plan of flatten_dense}``, compiled for the cpu board."""
-    from edgehft.compiler.pipeline import CompileOptions, compile_model
-    src = run_maker(ROOT / "tests" / "make_stream_runtime_models.py", tmp_path_factory.mktemp("remote_stream_models"))
-    out = tmp_path_factory.mktemp("remote_stream_bundles")
-    made = {}
-    for key, name, quant in (("lstm", "lstm_bias", "native"), ("dense", "flatten_dense", "float")):
-        made[key] = out / f"{name}.{quant}"
-        compile_model(src / f"{name}.keras", [src / f"{name}.npy"], made[key],
-                      CompileOptions(board="cpu", quant=quant, **FAST))
-    return made
+def bundles(stream_runtime_bundle):
+    """``{"lstm": native plan of lstm_bias, "dense": float plan of flatten_dense}``, compiled for the cpu board
+    (conftest's session fixture)."""
+    return {"lstm": stream_runtime_bundle("lstm_bias", "native"), "dense": stream_runtime_bundle("flatten_dense", "float")}
 
 
 @pytest.fixture

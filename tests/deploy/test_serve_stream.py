@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 
 import edgehft
-from conftest import ROOT, run_maker
 from edgehft import runtime
-from edgehft.compiler.pipeline import CompileOptions, compile_model
 from edgehft.deploy.local import install_local
 from edgehft.errors import InputError
 from edgehft.serving import ShadowPolicy
@@ -20,13 +18,9 @@ POLICY = ShadowPolicy(calls=80, seconds=20.0, min_calls=30, prewarm=5, budget_p9
 
 
 @pytest.fixture(scope="module")
-def lstm_bundle(tmp_path_factory):
+def lstm_bundle(stream_runtime_bundle):
     """tests/make_stream_runtime_models.py's lstm_bias (LSTM(12) -> LSTM(9) -> Dense(2), 10 x 7 rows), --quant native."""
-    src = run_maker(ROOT / "tests" / "make_stream_runtime_models.py", tmp_path_factory.mktemp("serve_stream_models"))
-    out = tmp_path_factory.mktemp("serve_stream") / "lstm_bias.native"
-    compile_model(src / "lstm_bias.keras", [src / "lstm_bias.npy"], out,
-                  CompileOptions(board="cpu", quant="native", calib_windows=12, drift_windows=8, golden_count=2))
-    return out
+    return stream_runtime_bundle("lstm_bias", "native")
 
 
 class Feeder:
