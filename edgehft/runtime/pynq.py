@@ -21,7 +21,7 @@ import numpy as np
 
 from edgehft.errors import BoardUnavailableError, BundleError, InputError
 from edgehft.runtime.base import InputSlot, OutputSlot, Runner as _Runner
-from edgehft.runtime.litert import check_model_file, load_interpreter_module, variable_tensors
+from edgehft.runtime.litert import check_model_file, interpreter_path, load_interpreter_module, variable_tensors
 
 POLL_TIMEOUT_S = 5.0
 _DRIVERS: dict[str, type] = {}
@@ -286,7 +286,9 @@ class Runner(_Runner):
 
     def describe(self) -> dict:
         d = super().describe()
-        d.update(backend="pynq", overlay=self.board_spec.overlay["name"],
+        # the ARM segments' interpreter (the overlay's int8 kernels compute what TFLite's reference kernels do):
+        # check_golden records it, so a refusal on another interpreter release names both releases
+        d.update(backend="pynq", overlay=self.board_spec.overlay["name"], interpreter=interpreter_path("auto"),
                  steps=[f"{s['placement']}:{s.get('kernel', 'litert')}" for _, s, _ in self._steps])
         if self.device is not None:
             d.update(note=self.device.describe()["note"], device=self.device.describe())

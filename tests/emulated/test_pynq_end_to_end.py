@@ -18,13 +18,18 @@ RUN_ON_BOARD = r"""
 import json, sys
 import numpy as np
 from edgehft import runtime
+from edgehft.bundle_checks import check_golden
+from edgehft.runtime.litert import load_interpreter_module
 bundle, xs_path, out_path = sys.argv[1:4]
 xs = np.load(xs_path)
 with runtime.open(bundle, emulate=True) as r:
     ys = np.stack([r.predict_raw(x)[0].copy() for x in xs])
     d = r.describe()
+    golden = check_golden(r)
 np.save(out_path, ys)
-print(json.dumps({"emulated": d["emulated"], "steps": d["steps"], "starts": d["device"]["ips"]}))
+_, name, version = load_interpreter_module()
+print(json.dumps({"emulated": d["emulated"], "steps": d["steps"], "starts": d["device"]["ips"],
+                  "interpreter": d["interpreter"], "installed": f"{name} {version}", "golden": golden}))
 """
 
 
@@ -70,6 +75,9 @@ def test_deeplob_on_the_emulated_pynq_z2_equals_the_cpu_board(deeplob_pynq, deep
     assert info["steps"] == ["cpu:litert", "fpga:lstm_int8", "cpu:litert", "fpga:dense_int8", "cpu:litert"]
     assert info["starts"]["lstm_int8_0"]["starts"] == 1 + len(raw)     # one weight load, then one per window
     assert np.array_equal(ys, cpu)
+    # the ARM segments' interpreter, as the golden vectors record theirs (a refusal on another release names both)
+    assert info["interpreter"] == info["installed"] + " BUILTIN+XNNPACK" == info["golden"]["path"]
+    assert info["golden"]["ok"] and info["golden"]["matched"] == 16 and info["golden"]["compare"] == "exact"
 
 
 def test_lstm_and_dense_only_model(models, tmp_path):
