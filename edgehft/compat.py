@@ -21,7 +21,8 @@ __all__ = ["EXTRAS", "require_extra", "tomllib"]
 EXTRAS = {"compile": "compiling Keras models (TensorFlow, tf-keras)",
           "jetson": "ONNX models and the Jetson board's report (onnx, tf2onnx)",
           "bench": "the latency PNG and the peer benchmarks (matplotlib, ONNX Runtime, tf2onnx)",
-          "serve": "inotify for edgehft.serve's install dir (inotify_simple)"}
+          "serve": "inotify for edgehft.serve's install dir (inotify_simple)",
+          "fleet": "Ansible inventories for deploy --hosts (ansible-core)"}
 
 
 def require_extra(module: str, extra: str, purpose: str) -> None:

@@ -55,7 +55,11 @@ def _step_printer(quiet: bool):
 @click.option("--board", default=None, help="The board the box is (default: the bundle's).")
 @click.option("--host", "host", default=None, help="The box: user@host[:port] or an ssh alias.")
 @click.option("--hosts", "hosts_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Inventory of boxes (TOML [[hosts]] or one user@host[:port] per line); deployed in parallel.")
+              help="Inventory of boxes, deployed in parallel: an Ansible inventory (INI or YAML; "
+                   "pip install 'edgehft[fleet]'), TOML [[hosts]], or one user@host[:port] per line.")
+@click.option("--limit", default=None, metavar="PATTERN",
+              help="--hosts: only these hosts, as `ansible --limit` takes them (a group, host1:host2, "
+                   "fleet:!canary).")
 @click.option("--parallel", default=8, show_default=True, type=click.IntRange(min=1), help="--hosts: boxes at once.")
 @click.option("--keep", default=3, show_default=True, type=click.IntRange(min=0),
               help="Versions kept on the box (the active and the previous one always).")
@@ -83,7 +87,7 @@ def _step_printer(quiet: bool):
 @install_dir_opt
 @json_opt
 @handles_errors
-def deploy_cmd(bundle, board, host, hosts_file, parallel, keep, dry_run, force, emulate, select, plan, core,
+def deploy_cmd(bundle, board, host, hosts_file, limit, parallel, keep, dry_run, force, emulate, select, plan, core,
                budget_p99_us, budget_p999_us, no_gate, ssh_config, remote_python, install_dir, as_json):
     """Install BUNDLE on a box: upload to a new version directory, verify SHA-256 and the golden vectors
     on the box, then switch atomically (the previous version stays for `edgehft rollback`). A bundle that
@@ -100,9 +104,11 @@ def deploy_cmd(bundle, board, host, hosts_file, parallel, keep, dry_run, force, 
     from edgehft.deploy.inventory import read_inventory
     if bool(host) == bool(hosts_file):
         raise click.UsageError("give one of --host user@box or --hosts FILE")
+    if limit is not None and not hosts_file:
+        raise click.UsageError("--limit selects hosts of --hosts FILE")
     if force and not as_json:
         err.print("[bold red]--force:[/] board checks become warnings; a wrong board can serve wrong numbers")
-    entries = read_inventory(hosts_file) if hosts_file else [{"host": host}]
+    entries = read_inventory(hosts_file, limit) if hosts_file else [{"host": host}]
     default_board = board or _bundle_board(bundle)
     targets, boards = [], []
     for e in entries:

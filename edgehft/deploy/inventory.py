@@ -10,8 +10,20 @@ Two formats. TOML (``.toml``)::
 
 or plain text, one ``user@host[:port]`` per line with optional ``key=value`` words (the same keys);
 ``#`` starts a comment.
+
+Or the **Ansible inventory** an ops team already keeps (INI or YAML: groups, ``children``, group and host
+vars), read by Ansible's own ``InventoryManager`` (``pip install 'edgehft[fleet]'``): a file ending in
+``.ini``, ``.yml`` or ``.yaml``, or a text file with ``[group]`` lines. Per host: ``ansible_host`` (else the
+inventory name, which may be an ssh alias), ``ansible_port``, ``ansible_user``, and edgehft's own
+``edgehft_board``, ``edgehft_python``, ``edgehft_install_dir``; Ansible's other variables are Ansible's (keys
+and options come from the user's ssh config, as for ``--host``). ``limit`` takes Ansible's patterns
+(``venue_ny4``, ``box1:box2``, ``fleet:!canary``, ``fleet:&ny4``), as ``ansible --limit`` does.
 """
 from __future__ import annotations
+
+import contextlib
+import io
+import re
 
 from edgehft.compat import tomllib
 from pathlib import Path
@@ -19,19 +31,45 @@ from pathlib import Path
 from edgehft.errors import InputError
 
 KEYS = {"host", "board", "python", "install_dir"}
+ANSIBLE_SUFFIXES = (".ini", ".yml", ".yaml")
+ANSIBLE_VARS = {"board": "edgehft_board", "python": "edgehft_python", "install_dir": "edgehft_install_dir"}
+# Ansible's settings for reading an inventory here: only the INI and YAML parsers (never the script plugin,
+# which runs an executable inventory), a file neither parses is an error (not "no hosts" after warnings), and
+# the errors below say what Ansible's warnings would (a --limit that matches nothing, no localhost).
+ANSIBLE_CONFIG = {"ANSIBLE_INVENTORY_ENABLED": "ini,yaml", "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
+                  "ANSIBLE_HOST_PATTERN_MISMATCH": "ignore", "ANSIBLE_LOCALHOST_WARNING": "False"}
 
 
-def read_inventory(path: str | Path) -> list[dict]:
-    """The entries of an inventory file: dicts with ``host`` and optional ``board``, ``python``, ``install_dir``.
+def read_inventory(path: str | Path, limit: str | None = None) -> list[dict]:
+    """The entries of an inventory file: dicts with ``host`` (``user@host[:port]`` or an ssh alias) and optional
+    ``board``, ``python``, ``install_dir``; Ansible inventories add ``name`` (the inventory hostname) and
+    ``groups`` (its groups, ``all`` left out). ``limit``: only these hosts (Ansible's patterns; in TOML and text
+    inventories hosts as written there, joined by ``,``).
 
     Raises:
-        InputError: unreadable file, unknown keys, an entry without ``host``, or no hosts at all.
+        InputError: unreadable file, unknown keys, an entry without ``host``, no hosts at all, or a ``limit``
+            that matches none.
+        MissingExtraError: an Ansible inventory without ansible-core installed.
     """
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise InputError(f"cannot read the inventory {path}: {exc.strerror}") from None
+    if path.suffix != ".toml" and (path.suffix in ANSIBLE_SUFFIXES or re.search(r"^\s*\[[^\]]+\]\s*$", text, re.M)):
+        return _read_ansible(path, limit)
+    entries = _read_edgehft(path, text)
+    if limit is not None:
+        wanted = [w.strip() for w in limit.split(",") if w.strip()]
+        entries = [e for e in entries if e["host"] in wanted]
+        if not entries:
+            raise InputError(f"--limit {limit!r} matches no host of the inventory {path}",
+                             hint="name hosts as the inventory writes them (groups need an Ansible inventory)")
+    return entries
+
+
+def _read_edgehft(path: Path, text: str) -> list[dict]:
+    """The entries of edgehft's own TOML or text inventory (module docstring)."""
     entries: list[dict] = []
     if path.suffix == ".toml":
         try:
@@ -58,3 +96,49 @@ def read_inventory(path: str | Path) -> list[dict]:
     if not entries:
         raise InputError(f"inventory {path} lists no hosts")
     return entries
+
+
+def _read_ansible(path: Path, limit: str | None) -> list[dict]:
+    """The hosts of an Ansible inventory, through ansible-core (module docstring), ``limit`` applied."""
+    import os
+    from edgehft.compat import require_extra
+    require_extra("ansible", "fleet", f"the Ansible inventory {path}")
+    for key, value in ANSIBLE_CONFIG.items():        # read when ansible.constants is first imported
+        os.environ.setdefault(key, value)
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+    loader, said = DataLoader(), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):        # Ansible's warnings: the parsers' reasons, said below
+            inv = InventoryManager(loader=loader, sources=[str(path)], parse=True)
+            if limit is not None:
+                inv.subset(limit)
+            hosts = inv.get_hosts()
+            variables = VariableManager(loader=loader, inventory=inv)
+            entries = [_ansible_entry(h.name, variables.get_vars(host=h), h.get_groups()) for h in hosts]
+    except AnsibleError:
+        why = [ln.split(": ", 1)[1].strip() for ln in said.getvalue().splitlines()
+               if ln.startswith("[WARNING]: Failed to parse inventory with") and ": " in ln]
+        raise InputError(f"the Ansible inventory {path} cannot be read: " + ("; ".join(why) or "no parser took it"),
+                         hint="Ansible's INI or YAML inventory format (edgehft reads no inventory scripts or "
+                              "plugins); `ansible-inventory -i FILE --list` shows what Ansible makes of it") from None
+    if not entries:
+        groups = sorted(g for g in inv.groups if g not in ("all", "ungrouped"))
+        raise InputError(f"the Ansible inventory {path} lists no hosts" + (f" that --limit {limit!r} matches"
+                                                                           if limit is not None else ""),
+                         hint=f"its groups: {', '.join(groups) or 'none'}")
+    return entries
+
+
+def _ansible_entry(name: str, v: dict, groups) -> dict:
+    """One host's entry from its Ansible variables: ``ansible_user@ansible_host:ansible_port`` (IPv6 in brackets)."""
+    host = str(v.get("ansible_host") or name)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    user, port = v.get("ansible_user"), v.get("ansible_port")
+    entry = {"host": (f"{user}@" if user else "") + host + (f":{port}" if port else ""), "name": name,
+             "groups": sorted(g.name for g in groups if g.name != "all")}
+    entry.update({k: str(v[var]) for k, var in ANSIBLE_VARS.items() if v.get(var) is not None})
+    return entry

@@ -268,6 +268,37 @@ host = "nobody@127.0.0.1:1"
     assert table.exit_code == 9 and "failed at probe" in table.output and table.output.count("│ ok") == 2
 
 
+def test_ansible_inventory_with_limit(box, bundles, tmp_path):
+    # issue 18: the Ansible inventory ops teams keep (groups, children, group vars; read by ansible-core) and
+    # --limit as Ansible takes it; the boxes outside the limit are not touched.
+    pytest.importorskip("ansible", reason="ansible-core: pip install 'edgehft[fleet]'")
+    sshd, cfg, _ = box
+    inv = tmp_path / "fleet.ini"
+    inv.write_text(f"""\
+[ny4]
+a1 ansible_host=box edgehft_install_dir={tmp_path}/a1
+a2 ansible_host=box edgehft_install_dir={tmp_path}/a2
+[ld4]
+b1 ansible_host=box edgehft_install_dir={tmp_path}/b1
+[fleet:children]
+ny4
+ld4
+[fleet:vars]
+edgehft_python={sshd.python}
+""")
+    res = CliRunner().invoke(main, ["deploy", str(bundles["v1"]), "--hosts", str(inv), "--limit", "fleet:!ld4",
+                                    "--ssh-config", str(cfg), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)["results"]
+    assert [r["install_dir"] for r in rows] == [f"{tmp_path}/a1", f"{tmp_path}/a2"] and all(r["ok"] for r in rows)
+    assert (tmp_path / "a1" / "current").exists() and not (tmp_path / "b1").exists()
+    nothing = CliRunner().invoke(main, ["deploy", str(bundles["v1"]), "--hosts", str(inv), "--limit", "ld5",
+                                        "--ssh-config", str(cfg)])
+    assert nothing.exit_code == 3 and "--limit 'ld5'" in nothing.output and "fleet, ld4, ny4" in nothing.output
+    alone = CliRunner().invoke(main, ["deploy", str(bundles["v1"]), "--host", "box", "--limit", "ny4"])
+    assert alone.exit_code == 2 and "--limit selects hosts of --hosts FILE" in alone.output
+
+
 def test_a_deploy_is_one_ssh_connection_to_the_box(box, bundles):
     # issue 18: one SSH connection per box for a whole deploy (an OpenSSH ControlMaster of the deploy's own),
     # counted in the box's sshd log; with share_connection=False each step connects on its own, as before.

@@ -209,3 +209,73 @@ def test_inventory_formats(tmp_path):
         p.write_text(content)
         with pytest.raises(InputError, match=message):
             read_inventory(p)
+
+
+ANSIBLE_INI = """\
+[ny4]
+box1 ansible_host=10.0.0.7 ansible_port=2222 ansible_user=xilinx edgehft_board=pynq-z2
+box2 ansible_host=fe80::7
+
+[ld4]
+box3 edgehft_install_dir=/srv/edgehft
+
+[ny4:vars]
+edgehft_python=/usr/local/share/pynq-venv/bin/python
+
+[fleet:children]
+ny4
+ld4
+"""
+
+ANSIBLE_YAML = """\
+all:
+  children:
+    fleet:
+      vars:
+        edgehft_board: kv260
+      children:
+        ny4:
+          hosts:
+            box1: {ansible_host: 10.0.0.7, ansible_user: ubuntu}
+        canary:
+          hosts:
+            box9: {edgehft_board: zcu104}
+"""
+
+
+def test_ansible_inventories_through_ansible_core(tmp_path):
+    pytest.importorskip("ansible", reason="ansible-core: pip install 'edgehft[fleet]'")
+    ini = tmp_path / "hosts"                          # no suffix: the [group] lines say it is Ansible's INI
+    ini.write_text(ANSIBLE_INI)
+    py = "/usr/local/share/pynq-venv/bin/python"
+    assert read_inventory(ini) == [
+        {"host": "xilinx@10.0.0.7:2222", "name": "box1", "groups": ["fleet", "ny4"], "board": "pynq-z2", "python": py},
+        {"host": "[fe80::7]", "name": "box2", "groups": ["fleet", "ny4"], "python": py},
+        {"host": "box3", "name": "box3", "groups": ["fleet", "ld4"], "install_dir": "/srv/edgehft"}]
+    assert [e["name"] for e in read_inventory(ini, "ld4")] == ["box3"]
+    assert [e["name"] for e in read_inventory(ini, "fleet:!ny4")] == ["box3"]
+    assert [e["name"] for e in read_inventory(ini, "box2:box3")] == ["box2", "box3"]
+    for e in read_inventory(ini):                    # every entry is a target deploy can parse
+        assert parse_target(e["host"]).host in ("10.0.0.7", "[fe80::7]", "box3")
+    with pytest.raises(InputError, match="no hosts that --limit 'ld5' matches") as exc:
+        read_inventory(ini, "ld5")
+    assert "fleet, ld4, ny4" in exc.value.hint
+    yml = tmp_path / "fleet.yml"
+    yml.write_text(ANSIBLE_YAML)
+    assert read_inventory(yml) == [
+        {"host": "ubuntu@10.0.0.7", "name": "box1", "groups": ["fleet", "ny4"], "board": "kv260"},
+        {"host": "box9", "name": "box9", "groups": ["canary", "fleet"], "board": "zcu104"}]   # host var wins
+    bad = tmp_path / "bad.yml"
+    bad.write_text("all: [unclosed\n")
+    with pytest.raises(InputError, match="cannot be read|lists no hosts"):
+        read_inventory(bad)
+
+
+def test_limit_on_edgehft_inventories(tmp_path):
+    toml = tmp_path / "hosts.toml"
+    toml.write_text('[[hosts]]\nhost = "xilinx@10.0.0.7:22"\n[[hosts]]\nhost = "box2"\n')
+    assert read_inventory(toml, "xilinx@10.0.0.7:22") == [{"host": "xilinx@10.0.0.7:22"}]
+    assert read_inventory(toml, "box2, xilinx@10.0.0.7:22") == read_inventory(toml)
+    with pytest.raises(InputError, match="matches no host") as exc:
+        read_inventory(toml, "ny4")
+    assert "Ansible inventory" in exc.value.hint
