@@ -38,6 +38,14 @@ def _target(host, board_name, python, install_dir, ssh_config):
     return parse_target(host, board=board, python=python, install_dir=install_dir, ssh_config=ssh_config)
 
 
+def _inventory_targets(hosts_file, limit, board, python, install_dir, ssh_config) -> list:
+    """``(entry, SshTarget)`` for every host of the inventory (``limit`` applied); an entry's own board,
+    python and install dir win over the options."""
+    from edgehft.deploy.inventory import read_inventory
+    return [(e, _target(e["host"], e.get("board", board), e.get("python", python), e.get("install_dir", install_dir),
+                        ssh_config)) for e in read_inventory(hosts_file, limit)]
+
+
 def _bundle_board(bundle) -> str:
     from edgehft.bundle import load_bundle
     return load_bundle(bundle, verify=False).manifest.board
@@ -101,21 +109,19 @@ def deploy_cmd(bundle, board, host, hosts_file, limit, parallel, keep, dry_run, 
     also: the latency gate's p99 or p99.9 over budget; with --hosts: any host failed), 10 unreachable
     (connection, authentication, unknown or changed host key)."""
     from edgehft.deploy.deploy import deploy_many
-    from edgehft.deploy.inventory import read_inventory
     if bool(host) == bool(hosts_file):
         raise click.UsageError("give one of --host user@box or --hosts FILE")
     if limit is not None and not hosts_file:
         raise click.UsageError("--limit selects hosts of --hosts FILE")
     if force and not as_json:
         err.print("[bold red]--force:[/] board checks become warnings; a wrong board can serve wrong numbers")
-    entries = read_inventory(hosts_file, limit) if hosts_file else [{"host": host}]
     default_board = board or _bundle_board(bundle)
-    targets, boards = [], []
-    for e in entries:
-        b = e.get("board", default_board)
-        targets.append(_target(e["host"], b, e.get("python", remote_python), e.get("install_dir", install_dir),
-                               ssh_config))
-        boards.append(b)
+    if hosts_file:
+        pairs = _inventory_targets(hosts_file, limit, default_board, remote_python, install_dir, ssh_config)
+    else:
+        pairs = [({"host": host}, _target(host, default_board, remote_python, install_dir, ssh_config))]
+    targets = [t for _, t in pairs]
+    boards = [e.get("board", default_board) for e, _ in pairs]
     quiet = as_json or len(targets) > 1
     opts = dict(force=force, dry_run=dry_run, keep=keep, emulate=emulate, select=select, plan=plan, core=core,
                 latency_gate=not no_gate, budget_p99_us=budget_p99_us, budget_p999_us=budget_p999_us,
@@ -234,12 +240,40 @@ def _print_plan(s: dict) -> None:
 
 
 @main.command("status")
-@box_opts
+@click.option("--host", "host", default=None, help="The box: user@host[:port] or an ssh alias.")
+@click.option("--hosts", "hosts_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The fleet table of an inventory (as deploy --hosts takes it): one row per box.")
+@click.option("--limit", default=None, metavar="PATTERN", help="--hosts: only these hosts (as `ansible --limit`).")
+@click.option("--bundle", "expected", type=click.Path(exists=True, file_okay=False), default=None,
+              help="--hosts: say per box whether it serves this bundle (the one a rollout asked for).")
+@click.option("--parallel", default=8, show_default=True, type=click.IntRange(min=1), help="--hosts: boxes at once.")
+@click.option("--board", default=None, help="Board file for SSH defaults (user, port, install dir, python).")
+@ssh_config_opt
+@python_opt
+@install_dir_opt
+@json_opt
 @handles_errors
-def status_cmd(host, board, ssh_config, remote_python, install_dir, as_json):
+def status_cmd(host, hosts_file, limit, expected, parallel, board, ssh_config, remote_python, install_dir, as_json):
     """Show what a box runs: active bundle, model hash, board, the execution plan it runs and how it was chosen
     (with every plan's figures measured on the box), runtime versions, previous versions. Exit 6 when the active
-    version no longer matches its manifest or the box's plan record for it is damaged."""
+    version no longer matches its manifest or the box's plan record for it is damaged.
+
+    With --hosts, the fleet table: per box its active version, model hash, plan, board, last switch and (with
+    --bundle) whether it serves that bundle; exit 10 when a box was not reached, else 9 when a box does not
+    serve --bundle, else 6 when a box's active version is damaged.
+
+    \b
+    Examples:
+      edgehft status --host box
+      edgehft status --hosts inventory.ini --limit ny4 --bundle build/deeplob.cpu"""
+    if bool(host) == bool(hosts_file):
+        raise click.UsageError("give one of --host user@box or --hosts FILE")
+    if (limit or expected) and not hosts_file:
+        raise click.UsageError("--limit and --bundle go with --hosts FILE")
+    if hosts_file:
+        from edgehft.cli.fleet import fleet_status
+        sys.exit(fleet_status(_inventory_targets(hosts_file, limit, board, remote_python, install_dir, ssh_config),
+                              expected, parallel, as_json))
     from edgehft.deploy.deploy import box_status
     res = box_status(_target(host, board, remote_python, install_dir, ssh_config))
     bad = bool(res["status"].get("active_problems") or res["status"].get("plan_problem"))

@@ -297,6 +297,25 @@ edgehft_python={sshd.python}
     assert nothing.exit_code == 3 and "--limit 'ld5'" in nothing.output and "fleet, ld4, ny4" in nothing.output
     alone = CliRunner().invoke(main, ["deploy", str(bundles["v1"]), "--host", "box", "--limit", "ny4"])
     assert alone.exit_code == 2 and "--limit selects hosts of --hosts FILE" in alone.output
+    # the fleet table: what each box serves, and whether it is the bundle the rollout asked for
+    st = CliRunner().invoke(main, ["status", "--hosts", str(inv), "--bundle", str(bundles["v1"]),
+                                   "--ssh-config", str(cfg), "--json"])
+    assert st.exit_code == 9, st.output                                 # b1 serves nothing
+    boxes = {b["name"]: b for b in json.loads(st.output)["boxes"]}
+    assert [boxes[n]["matches"] for n in ("a1", "a2", "b1")] == [True, True, False]
+    assert boxes["a1"]["active"] == rows[0]["version"] and boxes["a1"]["last_switch"]["event"] == "activate"
+    assert boxes["a1"]["model_sha256"] == load_bundle(bundles["v1"]).manifest.files["model.tflite"]
+    assert boxes["b1"]["reached"] and boxes["b1"]["active"] is None
+    env = {"COLUMNS": "80"}
+    table = CliRunner().invoke(main, ["status", "--hosts", str(inv), "--limit", "ny4", "--bundle", str(bundles["v1"]),
+                                      "--ssh-config", str(cfg)], env=env)
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()
+    assert all(len(ln) <= 80 for ln in lines) and sum(rows[0]["version"] in ln for ln in lines) == 1
+    assert "2 of 2 boxes answered" in table.output and "board on every box that answered: cpu" in table.output
+    inv.write_text(inv.read_text() + "[spare]\nz9 ansible_host=127.0.0.1 ansible_port=1\n")
+    gone = CliRunner().invoke(main, ["status", "--hosts", str(inv), "--limit", "spare", "--ssh-config", str(cfg)])
+    assert gone.exit_code == 10 and "not reached" in gone.output
 
 
 def test_a_deploy_is_one_ssh_connection_to_the_box(box, bundles):

@@ -1,0 +1,108 @@
+"""``edgehft status --hosts``: the fleet table, one row per box of an inventory (issue 18)."""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import click
+from rich.table import Table
+
+from edgehft.cli.common import err, out
+from edgehft.report import printable
+
+SWITCHES = ("activate", "rollback")      # the history events that change what a box serves
+
+
+def box_row(entry: dict, target, expected_sha: str | None) -> dict:
+    """One box's row: what :func:`edgehft.deploy.deploy.box_status` says it serves, or why it was not reached.
+
+    Returns:
+        ``{"host", "name", "install_dir", "reached", "exit_code", "error", "active", "board", "plan",
+        "model_sha256", "bundle_sha256", "last_switch" ({"event", "utc"} or None), "damaged", "matches"}``;
+        ``matches`` None without an expected bundle (its manifest's SHA-256 ``expected_sha``).
+    """
+    from edgehft.deploy.deploy import box_status
+    from edgehft.errors import EdgeHFTError
+    row = {"host": target.label, "name": entry.get("name", entry["host"]), "install_dir": target.install_dir,
+           "reached": False, "exit_code": 0, "error": None, "active": None, "board": None, "plan": None,
+           "model_sha256": None, "bundle_sha256": None, "last_switch": None, "damaged": False, "matches": None}
+    try:
+        s = box_status(target)["status"]
+    except EdgeHFTError as exc:
+        row.update(exit_code=exc.exit_code, error=str(exc.args[0]))
+        return row
+    a = s.get("active_info") or {}
+    switches = [h for h in s.get("history") or [] if h.get("event") in SWITCHES]
+    row.update(reached=True, active=s.get("active"), board=a.get("board"), model_sha256=a.get("model_sha256"),
+               bundle_sha256=a.get("bundle_sha256"), plan=(s.get("active_plan") or {}).get("plan"),
+               last_switch={"event": switches[-1]["event"], "utc": switches[-1].get("utc")} if switches else None,
+               damaged=bool(s.get("active_problems") or s.get("plan_problem")))
+    if expected_sha is not None:
+        row["matches"] = row["bundle_sha256"] == expected_sha
+    return row
+
+
+def fleet_exit_code(rows: list[dict]) -> int:
+    """The highest that applies: 10 a box not reached (or its agent's own error code), 9 a box that does not
+    serve the expected bundle, 6 a box whose active version is damaged, else 0."""
+    codes = [r["exit_code"] for r in rows if not r["reached"]]
+    codes += [9 for r in rows if r["matches"] is False] + [6 for r in rows if r["damaged"]]
+    return max(codes, default=0)
+
+
+def fleet_status(boxes: list[tuple[dict, object]], expected_dir: str | None, parallel: int, as_json: bool) -> int:
+    """Ask every box of ``boxes`` (``(inventory entry, SshTarget)`` pairs), ``parallel`` at a time, print the
+    table (or ``--json``: ``{"boxes": [row...], "expected_bundle_sha256"}``), return the exit code."""
+    expected_sha = None
+    if expected_dir:
+        from edgehft.bundle import MANIFEST, load_bundle, sha256_file
+        expected_sha = sha256_file(load_bundle(expected_dir, verify=False).path / MANIFEST)
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        rows = list(pool.map(lambda et: box_row(et[0], et[1], expected_sha), boxes))
+    if as_json:
+        click.echo(json.dumps({"boxes": rows, "expected_bundle_sha256": expected_sha}))
+    else:
+        print_fleet(rows, expected_dir)
+    return fleet_exit_code(rows)
+
+
+def print_fleet(rows: list[dict], expected_dir: str | None) -> None:
+    """The fleet table; a column whose value is the same on every reached box becomes a line under it."""
+    reached = [r for r in rows if r["reached"]]
+    same = {c: reached[0][c] for c in ("board", "plan") if reached and len({r[c] for r in reached}) == 1}
+    cols = ["box", "active version", "model", *(c for c in ("board", "plan") if c not in same), "switched"]
+    cols += ["matches"] if expected_dir else []
+    t = Table(title=f"fleet: {len(reached)} of {len(rows)} boxes answered", title_justify="left")
+    for c in cols:
+        t.add_column(c, no_wrap=c in ("box", "active version", "model", "switched", "matches"), overflow="fold")
+    for r in rows:
+        if not r["reached"]:
+            t.add_row(printable(r["name"]), "[red]not reached[/]", *[""] * (len(cols) - 2))
+            continue
+        sw = r["last_switch"]
+        cells = {"box": printable(r["name"]), "active version": printable(str(r["active"] or "nothing")),
+                 "model": str(r["model_sha256"] or "")[:8], "board": printable(str(r["board"] or "")),
+                 "plan": printable(str(r["plan"] or "")),
+                 "switched": _short_utc(sw["utc"]) + (" rollback" if sw["event"] == "rollback" else "")
+                 if sw else "",
+                 "matches": "[green]yes[/]" if r["matches"] else "[red]NO[/]"}
+        t.add_row(*(cells[c] for c in cols))
+    out.print(t)
+    out.print("switched: the last activate or rollback, UTC" + (f"; matches: the box serves "
+                                                                 f"{printable(str(expected_dir))}" if expected_dir else ""),
+              highlight=False)
+    for c, v in same.items():
+        out.print(f"{c} on every box that answered: {printable(str(v))}", highlight=False)
+    for r in rows:
+        if not r["reached"]:
+            said = (r["error"] or "").removeprefix(r["host"] + ": ")
+            err.print(f"[red]{printable(r['name'])}[/] ({printable(r['host'])}): {printable(said)}", highlight=False)
+        elif r["damaged"]:
+            err.print(f"[red]{printable(r['name'])}[/]: the active version does not match its manifest "
+                      "(`edgehft status --host` says what)", highlight=False)
+
+
+def _short_utc(utc) -> str:
+    """``2026-12-04T03:14:42Z`` as ``12-04 03:14`` (UTC)."""
+    text = str(utc or "")
+    return f"{text[5:10]} {text[11:16]}" if len(text) >= 16 else text
