@@ -15,7 +15,8 @@ Or the **Ansible inventory** an ops team already keeps (INI or YAML: groups, ``c
 vars), read by Ansible's own ``InventoryManager`` (``pip install 'edgehft[fleet]'``): a file ending in
 ``.ini``, ``.yml`` or ``.yaml``, or a text file with ``[group]`` lines. Per host: ``ansible_host`` (else the
 inventory name, which may be an ssh alias), ``ansible_port``, ``ansible_user``, and edgehft's own
-``edgehft_board``, ``edgehft_python``, ``edgehft_install_dir``; Ansible's other variables are Ansible's (keys
+``edgehft_board``, ``edgehft_python``, ``edgehft_install_dir``, taken as written (never templated: no
+Jinja2, no lookup runs); Ansible's other variables are Ansible's (keys
 and options come from the user's ssh config, as for ``--host``). ``limit`` takes Ansible's patterns
 (``venue_ny4``, ``box1:box2``, ``fleet:!canary``, ``fleet:&ny4``), as ``ansible --limit`` does.
 """

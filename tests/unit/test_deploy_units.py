@@ -265,6 +265,11 @@ def test_ansible_inventories_through_ansible_core(tmp_path):
     assert read_inventory(yml) == [
         {"host": "ubuntu@10.0.0.7", "name": "box1", "groups": ["fleet", "ny4"], "board": "kv260"},
         {"host": "box9", "name": "box9", "groups": ["canary", "fleet"], "board": "zcu104"}]   # host var wins
+    canary = tmp_path / "RENDERED"
+    templated = tmp_path / "templated.ini"           # variables are taken as written: no Jinja2, no lookups run
+    templated.write_text(f"[g]\nb1 edgehft_board=\"{{{{ lookup('pipe', 'touch {canary}') }}}}\"\n")
+    assert read_inventory(templated)[0]["board"] == f"{{{{ lookup('pipe', 'touch {canary}') }}}}"
+    assert not canary.exists()
     bad = tmp_path / "bad.yml"
     bad.write_text("all: [unclosed\n")
     with pytest.raises(InputError, match="cannot be read|lists no hosts"):
