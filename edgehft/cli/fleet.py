@@ -88,9 +88,10 @@ def print_fleet(rows: list[dict], expected_dir: str | None) -> None:
                  "matches": "[green]yes[/]" if r["matches"] else "[red]NO[/]"}
         t.add_row(*(cells[c] for c in cols))
     out.print(t)
-    out.print("switched: the last activate or rollback, UTC" + (f"; matches: the box serves "
-                                                                 f"{printable(str(expected_dir))}" if expected_dir else ""),
-              highlight=False)
+    said = "switched: the last activate or rollback, UTC"
+    if expected_dir:
+        said += f"; matches: the box serves {printable(str(expected_dir))}"
+    out.print(said, highlight=False)
     for c, v in same.items():
         out.print(f"{c} on every box that answered: {printable(str(v))}", highlight=False)
     for r in rows:

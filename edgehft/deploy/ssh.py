@@ -194,8 +194,8 @@ def keepalive_options(idle_timeout: float) -> list[str]:
 def ssh_argv(target: SshTarget, remote_argv: list[str] | None, log_file: str | None = None) -> list[str]:
     """The local ``ssh`` command line that runs ``remote_argv`` on the box (each element one argument) as a
     session on ``target.mux`` when it has one; ``remote_argv`` None: the master of a :class:`Multiplex`
-    (``ControlMaster=yes``, ``-N``; not ``-M`` as well: twice is "ask" mode, which refuses every session). With ``log_file``, ssh's own messages go there (``-E``,
-    debug level 1), not to its stderr."""
+    (``ControlMaster=yes``, ``-N``; not ``-M`` as well: with it ssh is in "ask" mode, which refuses every
+    session). With ``log_file``, ssh's own messages go there (``-E``, debug level 1), not to its stderr."""
     argv = ["ssh"]
     if target.ssh_config:
         argv += ["-F", target.ssh_config]
@@ -395,12 +395,12 @@ def _master_part(target: SshTarget, remote: str, ssh_log: str) -> str:
         return ssh_log
     start = sent[-1]
     opened = [m.group(1) for ln in lines[:start] if (m := re.search(r"channel (\d+): new session", ln))]
-    chan = f"channel {opened[-1]}" if opened else None
+    chan = re.compile(rf"\bchannel {opened[-1]}\b") if opened else None      # "channel 2", not "channel 20"
     mine = []
     for ln in lines[start:]:
-        if chan and chan in ln:
+        if chan is not None and chan.search(ln):
             mine.append(ln)
-            if f"{chan}: free" in ln:
+            if ": free" in ln:
                 chan = None
         elif not ln.startswith("debug"):
             mine.append(ln)
@@ -411,15 +411,15 @@ def _master_part(target: SshTarget, remote: str, ssh_log: str) -> str:
 def one_connection(target: SshTarget, connect_timeout_s: float = 30.0) -> Iterator[SshTarget]:
     """``target`` with one SSH connection that every call made with it shares, for the ``with`` block.
 
-    The master is ``ssh -N`` (``ControlMaster=yes``) run by this process (killed with it: the box agent then sees its sessions
-    end, as on a dropped connection), its control socket in a private temporary directory, both gone when
-    the block ends. Calls made with the yielded target are sessions on it (:func:`ssh_argv`); the box's
-    environment is the master's (OpenSSH does not pass a session's ``SetEnv`` through the master; edgehft's
-    own variables travel in the remote command line). A session the box's sshd refuses on the master (its
-    ``MaxSessions``) opens a connection of its own, as OpenSSH's client does. A master that cannot connect (exit 255) makes every
-    call raise its classified failure at once (no second try costing another connect timeout); one that
-    does not answer within ``connect_timeout_s`` seconds, a control path too long for a Unix socket, or no
-    ``ssh`` client: the calls connect one by one as without this.
+    The master is ``ssh -N`` (``ControlMaster=yes``) run by this process (killed with it: the box agent then
+    sees its sessions end, as on a dropped connection), its control socket in a private temporary directory,
+    both gone when the block ends. Calls made with the yielded target are sessions on it (:func:`ssh_argv`);
+    the box's environment is the master's (OpenSSH does not pass a session's ``SetEnv`` through the master;
+    edgehft's own variables travel in the remote command line). A session the box's sshd refuses on the
+    master (its ``MaxSessions``) opens a connection of its own, as OpenSSH's client does. A master that
+    cannot connect (exit 255) makes every call raise its classified failure at once (no second try costing
+    another connect timeout); one that does not answer within ``connect_timeout_s`` seconds, a control path
+    too long for a Unix socket, or no ``ssh`` client: the calls connect one by one as without this.
     """
     if target.mux is not None:
         yield target
