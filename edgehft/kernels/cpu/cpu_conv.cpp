@@ -384,10 +384,14 @@ void emit(Conv* k, const float* acc, float* out, int p0, int p1) {
 
 // Pixels p0 .. p0+rows-1 (rows <= 32) of the output, whose first input run starts at base and the next
 // ones s padded pixels apart: all output channels' sums into the block scratch acc (the caller emits them).
-__attribute__((target("amx-tile,amx-bf16"))) void amx_block(Conv* k, const uint16_t* base, int s, float* acc) {
+// rows <= 16: the first A tile only (half the tile products: a row run of a stream, a conv's last block);
+// each output's sum is the same either way (a tile row is one pixel, summed over the same k blocks).
+__attribute__((target("amx-tile,amx-bf16"))) void amx_block(Conv* k, const uint16_t* base, int s, float* acc,
+                                                          int rows) {
     const int C = k->C, NB = k->NB, KB = k->KB, ldc = NB * 16 * 4;
     const long astride = static_cast<long>(s) * C * 2;
     const size_t tile = 16 * 32;                   // bf16 elements per B tile
+    const bool low = rows > 16;                    // pixels 16..31: the second A tile
     for (int nb = 0; nb < NB; nb += 2) {
         const bool two = nb + 1 < NB;
         _tile_zero(0);
@@ -399,23 +403,25 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_block(Conv* k, const uint1
             for (int kb = 0; kb < KB; ++kb) {
                 const uint16_t* b = k->wt + ((static_cast<size_t>(i) * KB + kb) * NB + nb) * tile;
                 _tile_loadd(4, a + kb * 32, astride);
-                _tile_loadd(5, a + kb * 32 + static_cast<size_t>(16) * s * C, astride);
                 _tile_loadd(6, b, 64);
                 _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(2, 5, 6);
+                if (low) {
+                    _tile_loadd(5, a + kb * 32 + static_cast<size_t>(16) * s * C, astride);
+                    _tile_dpbf16ps(2, 5, 6);
+                }
                 if (two) {
                     _tile_loadd(7, b + tile, 64);
                     _tile_dpbf16ps(1, 4, 7);
-                    _tile_dpbf16ps(3, 5, 7);
+                    if (low) _tile_dpbf16ps(3, 5, 7);
                 }
             }
         }
         float* o = acc + nb * 16;
         _tile_stored(0, o, ldc);
-        _tile_stored(2, o + 16 * NB * 16, ldc);
+        if (low) _tile_stored(2, o + 16 * NB * 16, ldc);
         if (two) {
             _tile_stored(1, o + 16, ldc);
-            _tile_stored(3, o + 16 * NB * 16 + 16, ldc);
+            if (low) _tile_stored(3, o + 16 * NB * 16 + 16, ldc);
         }
     }
 }
@@ -490,14 +496,14 @@ __attribute__((target("amx-tile,amx-bf16"))) void run_amx(Conv* k, float* out) {
     const size_t C = k->C;
     if (k->flat) {
         for (int m0 = 0; m0 < k->M; m0 += 32) {
-            amx_block(k, xb + static_cast<size_t>(m0) * k->s * C, k->s, k->acc);
+            amx_block(k, xb + static_cast<size_t>(m0) * k->s * C, k->s, k->acc, std::min(32, k->M - m0));
             emit(k, k->acc, out, m0, std::min(k->M, m0 + 32));
         }
     } else {
         for (int oy = 0; oy < k->Ho; ++oy)
             for (int ox = 0; ox < k->Wo; ox += 32) {
                 amx_block(k, xb + (static_cast<size_t>(oy) * k->sh * k->Wp + static_cast<size_t>(ox) * k->sw) * C,
-                          k->sw, k->acc);
+                          k->sw, k->acc, std::min(32, k->Wo - ox));
                 emit(k, k->acc, out, oy * k->Wo + ox, oy * k->Wo + std::min(k->Wo, ox + 32));
             }
     }
