@@ -1,6 +1,6 @@
 """``--hosts FILE``: the boxes to deploy to.
 
-Two formats. TOML (``.toml``)::
+Three formats. TOML (``.toml``)::
 
     [[hosts]]
     host = "xilinx@10.0.0.7"          # user@host[:port] or an ssh alias
@@ -36,7 +36,8 @@ ANSIBLE_SUFFIXES = (".ini", ".yml", ".yaml")
 ANSIBLE_VARS = {"board": "edgehft_board", "python": "edgehft_python", "install_dir": "edgehft_install_dir"}
 # Ansible's settings for reading an inventory here: only the INI and YAML parsers (never the script plugin,
 # which runs an executable inventory), a file neither parses is an error (not "no hosts" after warnings), and
-# the errors below say what Ansible's warnings would (a --limit that matches nothing, no localhost).
+# the errors below say what Ansible's warnings would (a --limit that matches nothing, no localhost). They are
+# set in this process's environment (where not set already) before ansible-core is first imported.
 ANSIBLE_CONFIG = {"ANSIBLE_INVENTORY_ENABLED": "ini,yaml", "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
                   "ANSIBLE_HOST_PATTERN_MISMATCH": "ignore", "ANSIBLE_LOCALHOST_WARNING": "False"}
 
