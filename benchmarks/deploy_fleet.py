@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,19 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DEEPLOB = ROOT / "examples" / "deeplob"
-FEED = DEEPLOB / "data" / "btcusd_perp_20240808_depth.gz"
 MODES = {"one connection per box": True, "one connection per step": False}
-
-
-def compile_deeplob(work: Path) -> Path:
-    """``edgehft compile deeplob.keras --quant int8`` for the cpu board in a subprocess; the bundle's path."""
-    out = work / "deeplob.int8"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
-    subprocess.run([sys.executable, "-m", "edgehft", "compile", str(DEEPLOB / "deeplob.keras"), "--board", "cpu",
-                    "--quant", "int8", "--calib", str(FEED), "--out", str(out)], check=True, env=env,
-                   capture_output=True)
-    return out
 
 
 def fleet_round(box, cfg: Path, work: Path, bundle: Path, n: int, parallel: int, share: bool,
@@ -91,6 +77,8 @@ def print_report(rep: dict) -> None:
         print(f"{'  ' + name + ', median s':<24}" + "".join(f"{rep['modes'][m]['step_s_median'][name]:>26.3f}"
                                                               for m in modes))
     print(f"fleet wall per step / per box: {rep['ratio']:.2f}x (median; loopback: no network round trips)")
+    m = rep["machine"]
+    print(f"machine: {m['cpu']} ({m['cpus']} CPUs), ISA {', '.join(m['isa']) or 'none of avx2/avx512f/amx_tile'}")
 
 
 def main(argv=None) -> int:
@@ -102,7 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bundle", type=Path, default=None, help="a cpu bundle (default: compile DeepLOB --quant int8)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(HERE), str(ROOT / "tests")]
+    from serve_swap import compile_deeplob, machine   # the swap benchmark's DeepLOB int8 bundle, machine line
     from sshbox import LoopbackBox
     with tempfile.TemporaryDirectory(prefix="edgehft-fleet-") as tmp:
         work = Path(tmp)
@@ -121,7 +110,7 @@ def main(argv=None) -> int:
     modes = {m: summary(r, a.boxes) for m, r in rounds.items()}
     per_box, per_step = (modes[m]["wall_s_median"] for m in MODES)
     rep = {"boxes": a.boxes, "parallel": a.parallel, "rounds": a.rounds, "gate_samples": a.gate_samples,
-           "bundle": str(a.bundle or "DeepLOB int8"), "modes": modes, "ratio": per_step / per_box}
+           "bundle": str(a.bundle or "DeepLOB int8"), "machine": machine(), "modes": modes, "ratio": per_step / per_box}
     if a.json:
         print(json.dumps(rep))
     else:
