@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from edgehft import backends
+from edgehft.cli import rollout as rollout_cli
 from edgehft.cli.common import err, handles_errors, json_opt, main, out, select_opt
 from edgehft.report import printable
 
@@ -69,6 +70,7 @@ def _step_printer(quiet: bool):
               help="--hosts: only these hosts, as `ansible --limit` takes them (a group, host1:host2, "
                    "fleet:!canary).")
 @click.option("--parallel", default=8, show_default=True, type=click.IntRange(min=1), help="--hosts: boxes at once.")
+@rollout_cli.rollout_opts
 @click.option("--keep", default=3, show_default=True, type=click.IntRange(min=0),
               help="Versions kept on the box (the active and the previous one always).")
 @click.option("--dry-run", is_flag=True, help="Probe the box(es) and print what would happen; change nothing.")
@@ -95,8 +97,9 @@ def _step_printer(quiet: bool):
 @install_dir_opt
 @json_opt
 @handles_errors
-def deploy_cmd(bundle, board, host, hosts_file, limit, parallel, keep, dry_run, force, emulate, select, plan, core,
-               budget_p99_us, budget_p999_us, no_gate, ssh_config, remote_python, install_dir, as_json):
+def deploy_cmd(bundle, board, host, hosts_file, limit, parallel, canary, wave, max_fail, engine_name, state_path, resume,
+               keep, dry_run, force, emulate, select, plan, core, budget_p99_us, budget_p999_us, no_gate, ssh_config,
+               remote_python, install_dir, as_json):
     """Install BUNDLE on a box: upload to a new version directory, verify SHA-256 and the golden vectors
     on the box, then switch atomically (the previous version stays for `edgehft rollback`). A bundle that
     carries several execution plans has each plan's golden vectors checked and the plans timed on the box,
@@ -104,36 +107,43 @@ def deploy_cmd(bundle, board, host, hosts_file, limit, parallel, keep, dry_run, 
     switch, the latency gate times the plan the box will serve there (golden inputs back to back, pinned as
     --core says) and refuses the switch when p99 or p99.9 is over the budget.
 
-    Exit codes: 0 deployed, 2 usage, 3 bad --host, inventory or --plan, 6 the local bundle does not match its
-    manifest, 8 golden vectors differ on the box, 9 refused or failed (the box keeps its previous version;
-    also: the latency gate's p99 or p99.9 over budget; with --hosts: any host failed), 10 unreachable
-    (connection, authentication, unknown or changed host key)."""
-    from edgehft.deploy.deploy import deploy_many
-    if bool(host) == bool(hosts_file):
-        raise click.UsageError("give one of --host user@box or --hosts FILE")
+    With --hosts INVENTORY the boxes are a rollout: --canary N boxes first, then --wave N|P% at a time; after a
+    wave in which --max-fail boxes have failed (or the canary failed) it stops, and the boxes not reached keep
+    their version. Its state file (--rollout-state) lets --resume continue it and `edgehft rollback --rollout`
+    take every box it switched back.
+
+    Exit codes: 0 deployed, 2 usage, 3 bad --host, inventory, --plan or rollout option, 6 the local bundle does
+    not match its manifest, 8 golden vectors differ on the box, 9 refused or failed (the box keeps its previous
+    version; also: the latency gate's p99 or p99.9 over budget; with --hosts: any host failed, or the rollout
+    stopped), 10 unreachable (connection, authentication, unknown or changed host key)."""
+    if sum(map(bool, (host, hosts_file, resume))) != 1:
+        raise click.UsageError("give one of --host user@box, --hosts FILE or --resume STATE")
     if limit is not None and not hosts_file:
         raise click.UsageError("--limit selects hosts of --hosts FILE")
+    if host and (rollout_cli.waved(canary, wave, max_fail, state_path) or engine_name):
+        raise click.UsageError("--canary, --wave, --max-fail, --engine and --rollout-state are for --hosts FILE")
     if force and not as_json:
         err.print("[bold red]--force:[/] board checks become warnings; a wrong board can serve wrong numbers")
     default_board = board or _bundle_board(bundle)
-    if hosts_file:
-        pairs = _inventory_targets(hosts_file, limit, default_board, remote_python, install_dir, ssh_config)
-    else:
-        pairs = [({"host": host}, _target(host, default_board, remote_python, install_dir, ssh_config))]
-    targets = [t for _, t in pairs]
-    boards = [e.get("board", default_board) for e, _ in pairs]
-    quiet = as_json or len(targets) > 1
-    opts = dict(force=force, dry_run=dry_run, keep=keep, emulate=emulate, select=select, plan=plan, core=core,
-                latency_gate=not no_gate, budget_p99_us=budget_p99_us, budget_p999_us=budget_p999_us,
-                on_step=_step_printer(quiet))
-    results = deploy_many(targets, bundle, boards, parallel=parallel, **opts)
+    opts = dict(force=force, keep=keep, emulate=emulate, select=select, plan=plan, core=core,
+                latency_gate=not no_gate, budget_p99_us=budget_p99_us, budget_p999_us=budget_p999_us)
+    if hosts_file or resume:
+        r = (rollout_cli.resume_rollout(bundle, resume) if resume else
+             rollout_cli.start_rollout(bundle, _inventory_targets(hosts_file, limit, default_board, remote_python,
+                                                                  install_dir, ssh_config),
+                                       default_board, canary, wave, max_fail, state_path))
+        rollout_cli.run_deploy(r, bundle, opts, engine_name, parallel, as_json, dry_run, _print_results)
+        return
+    from edgehft.deploy.deploy import deploy
+    results = [deploy(_target(host, default_board, remote_python, install_dir, ssh_config), bundle, default_board,
+                      dry_run=dry_run, on_step=_step_printer(as_json), **opts)]
     failed = [r for r in results if not r.ok]
     if as_json:
         click.echo(json.dumps({"results": [r.to_json() for r in results], "failed": len(failed)}))
     else:
         _print_results(results, dry_run)
     if failed:
-        sys.exit(failed[0].exit_code if len(results) == 1 else 9)
+        sys.exit(failed[0].exit_code)
 
 
 def _print_results(results, dry_run: bool) -> None:
@@ -312,10 +322,29 @@ def status_cmd(host, hosts_file, limit, expected, parallel, board, ssh_config, r
 
 @main.command("rollback")
 @click.option("--to", "to", default=None, help="Version to switch to (default: the previous one).")
-@box_opts
+@click.option("--host", "host", default=None, help="The box: user@host[:port] or an ssh alias.")
+@click.option("--rollout", "rollout_state", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Every box this rollout state file says was switched, back to the version it served before.")
+@click.option("--engine", "engine_name", type=click.Choice(["ansible", "threads"]), default=None,
+              help="--rollout: what fans out to the boxes (default: ansible where ansible-runner is installed).")
+@click.option("--parallel", default=8, show_default=True, type=click.IntRange(min=1), help="--rollout: boxes at once.")
+@click.option("--board", default=None, help="Board file for SSH defaults (user, port, install dir, python).")
+@ssh_config_opt
+@python_opt
+@install_dir_opt
+@json_opt
 @handles_errors
-def rollback_cmd(host, to, board, ssh_config, remote_python, install_dir, as_json):
-    """Switch a box back to its previous version (or --to VERSION), after re-checking that version's files."""
+def rollback_cmd(to, host, rollout_state, engine_name, parallel, board, ssh_config, remote_python, install_dir,
+                 as_json):
+    """Switch a box back to its previous version (or --to VERSION), after re-checking that version's files; with
+    --rollout STATE, every box that rollout switched (exit 9 when one could not be)."""
+    if bool(host) == bool(rollout_state):
+        raise click.UsageError("give one of --host user@box or --rollout STATE")
+    if rollout_state:
+        if to:
+            raise click.UsageError("--to is for one --host (a rollout goes back to each box's own previous version)")
+        rollout_cli.run_rollback(rollout_state, engine_name, parallel, as_json)
+        return
     from edgehft.deploy.deploy import rollback
     res = rollback(_target(host, board, remote_python, install_dir, ssh_config), to)
     if as_json:

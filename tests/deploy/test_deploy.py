@@ -258,13 +258,13 @@ install_dir = "{tmp_path}/b"
 host = "nobody@127.0.0.1:1"
 """)
     res = CliRunner().invoke(main, ["deploy", str(bundles["v1"]), "--hosts", str(inv), "--ssh-config", str(cfg),
-                                    "--remote-python", sshd.python, "--json"])
+                                    "--remote-python", sshd.python, "--json", "--engine", "threads"])
     assert res.exit_code == 9
     rows = json.loads(res.output)["results"]
     assert [r["ok"] for r in rows] == [True, True, False] and rows[2]["exit_code"] == 10
     assert (tmp_path / "a" / "current").exists() and (tmp_path / "b" / "current").exists()
     table = CliRunner().invoke(main, ["deploy", str(bundles["v2"]), "--hosts", str(inv), "--ssh-config", str(cfg),
-                                      "--remote-python", sshd.python])
+                                      "--remote-python", sshd.python, "--engine", "threads"])
     assert table.exit_code == 9 and "failed at probe" in table.output and table.output.count("│ ok") == 2
 
 
@@ -287,7 +287,7 @@ ld4
 edgehft_python={sshd.python}
 """)
     res = CliRunner().invoke(main, ["deploy", str(bundles["v1"]), "--hosts", str(inv), "--limit", "fleet:!ld4",
-                                    "--ssh-config", str(cfg), "--json"])
+                                    "--ssh-config", str(cfg), "--json", "--no-latency-gate"])   # Ansible runs it
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)["results"]
     assert [r["install_dir"] for r in rows] == [f"{tmp_path}/a1", f"{tmp_path}/a2"] and all(r["ok"] for r in rows)

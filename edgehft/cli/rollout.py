@@ -1,0 +1,169 @@
+"""``edgehft deploy --hosts INV`` as a rollout (waves, canary, --max-fail, resume) and ``edgehft rollback --rollout``
+(issue 18): the options, the wave table and the per-box results (:mod:`edgehft.deploy.rollout`)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from edgehft.cli.common import err, out
+from edgehft.report import printable
+
+WAVE_HELP = ("--hosts: a rollout in waves of N boxes or P%% of the fleet (rounded up); the next wave starts when "
+             "one is over. Default: one wave.")
+ROLLOUT_OPTIONS = (
+    click.option("--canary", default=0, show_default=True, type=click.IntRange(min=0),
+                 help="--hosts: deploy to the first N boxes first; any failure there stops the rollout."),
+    click.option("--wave", default=None, metavar="N|P%", help=WAVE_HELP),
+    click.option("--max-fail", "max_fail", default=None, metavar="N|P%",
+                 help="--hosts: stop the rollout after the wave in which N boxes (or P%% of the fleet) have failed; "
+                      "the boxes not reached keep their version. Default: never stop."),
+    click.option("--engine", "engine_name", type=click.Choice(["ansible", "threads"]), default=None,
+                 help="--hosts: what fans out to the boxes (default: ansible where ansible-runner is installed)."),
+    click.option("--rollout-state", "state_path", type=click.Path(dir_okay=False), default=None,
+                 help="--hosts: write the rollout's state here (default with --canary/--wave/--max-fail: "
+                      ".edgehft/rollouts/<id>.json)."),
+    click.option("--resume", "resume", type=click.Path(exists=True, dir_okay=False), default=None,
+                 help="Continue the stopped rollout of this state file (same bundle; no --hosts)."),
+)
+
+
+def rollout_opts(fn):
+    for opt in reversed(ROLLOUT_OPTIONS):
+        fn = opt(fn)
+    return fn
+
+
+def waved(canary, wave, max_fail, state_path) -> bool:
+    """Whether the options ask for a rollout with a state file (else --hosts is one wave, nothing kept)."""
+    return bool(canary or wave or max_fail or state_path)
+
+
+def start_rollout(bundle, pairs, default_board, canary, wave, max_fail, state_path):
+    """A new :class:`~edgehft.deploy.rollout.Rollout` over the inventory's ``(entry, target)`` pairs."""
+    from edgehft.bundle import MANIFEST, sha256_file
+    from edgehft.deploy import rollout
+    from edgehft.deploy.fanout import target_json
+    names = [e.get("name", e["host"]) for e, _ in pairs]
+    r = rollout.plan(names, [target_json(t) for _, t in pairs], [e.get("board", default_board) for e, _ in pairs],
+                     str(Path(bundle).resolve()), sha256_file(Path(bundle) / MANIFEST), canary=canary, wave=wave,
+                     max_fail=max_fail, state_dir=".edgehft/rollouts" if waved(canary, wave, max_fail, state_path)
+                     else None)
+    if state_path:
+        r.path = state_path
+    return r
+
+
+def resume_rollout(bundle, state_path):
+    """The rollout of ``state_path``, checked to be of ``bundle``. Raises InputError otherwise."""
+    from edgehft.bundle import MANIFEST, sha256_file
+    from edgehft.deploy import rollout
+    from edgehft.errors import InputError
+    r = rollout.load(state_path)
+    if sha256_file(Path(bundle) / MANIFEST) != r.bundle_sha256:
+        raise InputError(f"{state_path} is the rollout of another bundle ({r.bundle}, manifest "
+                         f"{r.bundle_sha256[:12]})", hint="resume with the bundle the rollout started with")
+    if r.status == "complete" and all(b.status == "ok" for b in r.boxes):
+        raise InputError(f"the rollout {r.id} is complete: every box has its version", hint="nothing to resume")
+    return r
+
+
+def run_deploy(r, bundle, opts: dict, engine_name, parallel: int, as_json: bool, dry_run: bool,
+               print_results) -> None:
+    """Run (or, ``dry_run``, show) the rollout, print the waves and the results (``print_results(DeployResults,
+    dry_run)``), exit 9 when a box failed or the rollout stopped."""
+    from edgehft.deploy import rollout
+    from edgehft.deploy.deploy import DeployResult
+    from edgehft.deploy.fanout import default_engine, deploy_job, engine
+    fanout = engine(engine_name or default_engine())
+
+    def jobs(boxes):
+        return [deploy_job(_target(b), bundle, b.board, {**opts, "dry_run": dry_run}) for b in boxes]
+
+    def on_wave(w, boxes, when):
+        if as_json or len(r.waves) == 1:
+            return
+        if when == "start":
+            err.print(f"wave {w} of {len(r.waves)}: {len(boxes)} box{'es' if len(boxes) != 1 else ''} …",
+                      highlight=False)
+        else:
+            bad = sum(b.status == "failed" for b in boxes)
+            err.print(f"wave {w}: {len(boxes) - bad} ok, {bad} failed", highlight=False)
+
+    if dry_run:
+        ran = list(zip(r.boxes, fanout.run(jobs(r.boxes), parallel)))
+        for b, res in ran:
+            b.version_before = res.get("active_before")
+    else:
+        ran = rollout.run(r, jobs, fanout, parallel, on_wave)
+    results = [res for _, res in ran]
+    objs = [DeployResult(**{k: v for k, v in res.items() if k in DeployResult.__dataclass_fields__})
+            for res in results]
+    if as_json:
+        click.echo(json.dumps({"results": results, "failed": sum(not o.ok for o in objs),
+                               "rollout": {**r.to_json(), "state_file": r.path}}))
+    else:
+        if len(r.waves) == 1 and not r.path:
+            print_results(objs, dry_run)           # --hosts without waves: the deploy table
+        else:
+            print_rollout(r, dry_run)
+            for (b, _), o in zip(ran, objs):
+                if not o.ok:
+                    err.print(f"[red]{printable(b.name)}[/] ({o.step}): "
+                              f"{printable((o.error or '').removeprefix(o.host + ': '))}", highlight=False)
+    if (not dry_run and r.status != "complete") or any(not o.ok for o in objs):
+        sys.exit(objs[0].exit_code if len(r.boxes) == 1 and objs else 9)
+
+
+def _target(b):
+    from edgehft.deploy.ssh import SshTarget
+    return SshTarget(**b.target)
+
+
+def print_rollout(r, dry_run: bool = False) -> None:
+    """The waves: per box its wave, status, the version before and after (80 columns: versions folded)."""
+    t = Table(title=f"rollout {r.id}: {'would run' if dry_run else r.status}", title_justify="left")
+    for col in ("wave", "box", "status", "before", "now"):
+        t.add_column(col, no_wrap=col in ("wave", "status"), overflow="fold")
+    for b in r.boxes:
+        style = {"ok": "green", "failed": "red", "rolled back": "yellow"}.get(b.status, "dim")
+        status = b.status if b.status != "failed" else f"failed ({b.step or '?'})"
+        t.add_row(f"{b.wave}{' canary' if r.canary and b.wave == 1 else ''}", printable(b.name),
+                  f"[{style}]{status}[/]", b.version_before or "", b.version or "")
+    out.print(t)
+    c = r.counts()
+    line = f"{c['ok']} ok, {c['failed']} failed, {c['pending']} not reached (they keep their version)"
+    if c["rolled back"]:
+        line += f", {c['rolled back']} rolled back"
+    out.print(line + (f"; stopped: {r.stop_reason}" if r.stop_reason else ""), highlight=False)
+    if dry_run or not r.path:
+        return
+    if r.status in ("stopped", "running", "complete") and c["ok"] < len(r.boxes):
+        out.print(f"state: {r.path}\n  resume:    edgehft deploy {r.bundle} --resume {r.path}\n"
+                  f"  roll back: edgehft rollback --rollout {r.path}", highlight=False)
+    else:
+        out.print(f"state: {r.path}", highlight=False)
+
+
+def run_rollback(state_path, engine_name, parallel: int, as_json: bool) -> None:
+    """``edgehft rollback --rollout STATE``: every box the rollout switched back to its previous version."""
+    from edgehft.deploy import rollout
+    from edgehft.deploy.fanout import default_engine, engine, rollback_job
+    r = rollout.load(state_path)
+    fanout = engine(engine_name or default_engine())
+    results = rollout.rollback(r, lambda boxes: [rollback_job(_target(b), b.version_before) for b in boxes], fanout,
+                               parallel)
+    bad = [x for x in results if not x.get("ok")]
+    if as_json:
+        click.echo(json.dumps({"results": results, "failed": len(bad), "rollout": r.to_json()}))
+    else:
+        print_rollout(r)
+        for x in bad:
+            err.print(f"[red]{printable(x['host'])}[/]: {printable(x.get('error') or '')}", highlight=False)
+        if not results:
+            out.print("no box of this rollout was switched: nothing to roll back")
+    if bad:
+        sys.exit(9)

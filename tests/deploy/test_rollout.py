@@ -1,0 +1,135 @@
+"""Issue 18: a fleet rollout over 8 loopback boxes (one sshd each, its own port, host key and install dir), fanned
+out by Ansible (ansible-runner): a canary, waves, --max-fail stopping the rollout at a failing box, the boxes not
+reached untouched, the fleet table, --resume and the fleet-wide rollback."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from edgehft.bundle import MANIFEST, sha256_file
+from edgehft.cli import main
+from deploy_box import bundles  # noqa: F401,F811 (fixture)
+
+pytest.importorskip("ansible_runner", reason="ansible-runner: pip install 'edgehft[fleet]'")
+N = 8
+FAILING = "b6"          # in the second wave after the canary: b1 | b2 b3 b4 | b5 b6 b7 | b8
+
+
+@pytest.fixture(scope="module")
+def fleet(ssh_box, tmp_path_factory):
+    """8 boxes: (inventory, a function writing the client ssh config (the failing box's agent killed at its golden
+    vectors when asked), the boxes' sshd, their install dirs). The conftest box is b1; b2..b8 start here."""
+    from sshbox import LoopbackBox
+    work = tmp_path_factory.mktemp("fleet")
+    boxes = [ssh_box] + [LoopbackBox(work / f"sshd{i}") for i in range(2, N + 1)]
+    for b in boxes[1:]:
+        b.work.mkdir()
+        b.start()
+    names = [f"b{i}" for i in range(1, N + 1)]
+    roots = {n: work / "install" / n for n in names}
+
+    def config(failing: str | None, name: str = "ssh_config") -> str:
+        text = ""
+        for n, b in zip(names, boxes):
+            p = b.config(f"ssh_config_{n}", failpoints="golden:before-result" if n == failing else "")
+            text += p.read_text().replace("Host box", f"Host {n}", 1)
+        path = work / name
+        path.write_text(text)
+        return str(path)
+
+    inv = work / "fleet.yml"
+    inv.write_text("all:\n  children:\n    ny4:\n      hosts:\n" +
+                   "".join(f"        {n}:\n          edgehft_install_dir: {roots[n]}\n" for n in names) +
+                   f"      vars:\n        edgehft_python: {ssh_box.python}\n")
+    yield inv, config, dict(zip(names, boxes)), roots
+    for b in boxes[1:]:
+        b.stop()
+
+
+def run(*args):
+    return CliRunner().invoke(main, [*args, "--no-latency-gate"] if args[0] == "deploy" else list(args))
+
+
+def serving(root) -> str | None:
+    """The manifest SHA-256 of the bundle the box serves (None: nothing)."""
+    cur = root / "current" / MANIFEST
+    return sha256_file(cur) if cur.exists() else None
+
+
+def accepted(box) -> int:
+    return (box.work / "sshd.log").read_text(errors="replace").count("Accepted publickey")
+
+
+def test_rollout_stops_at_max_fail_then_resumes_and_rolls_back(fleet, bundles, tmp_path):  # noqa: F811
+    inv, config, boxes, roots = fleet
+    v1, v2 = (sha256_file(bundles[v] / MANIFEST) for v in ("v1", "v2"))
+    ok = config(None)
+    first = run("deploy", str(bundles["v1"]), "--hosts", str(inv), "--ssh-config", ok, "--json")
+    assert first.exit_code == 0, first.output
+    assert all(serving(r) == v1 for r in roots.values())
+
+    dry = run("deploy", str(bundles["v2"]), "--hosts", str(inv), "--ssh-config", ok, "--canary", "1", "--wave", "3",
+              "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "would run" in dry.output and "1 canary" in dry.output and all(serving(r) == v1 for r in roots.values())
+    assert "state:" not in dry.output
+
+    state = tmp_path / "rollout.json"
+    before = {n: accepted(b) for n, b in boxes.items()}
+    faulty = config(FAILING, "ssh_config_rollout")
+    res = run("deploy", str(bundles["v2"]), "--hosts", str(inv), "--ssh-config", faulty, "--canary", "1",
+              "--wave", "3", "--max-fail", "1", "--rollout-state", str(state), "--json")
+    assert res.exit_code == 9, res.output
+    out = json.loads(res.output)
+    r = out["rollout"]
+    assert r["status"] == "stopped" and r["stop_reason"] == "1 box failed (--max-fail 1) after wave 3 of 4"
+    status = {b["name"]: (b["wave"], b["status"]) for b in r["boxes"]}
+    assert status == {"b1": (1, "ok"), "b2": (2, "ok"), "b3": (2, "ok"), "b4": (2, "ok"), "b5": (3, "ok"),
+                      "b6": (3, "failed"), "b7": (3, "ok"), "b8": (4, "pending")}
+    assert {n: serving(roots[n]) for n in roots} == {**{n: v2 for n in roots}, "b6": v1, "b8": v1}
+    assert accepted(boxes["b8"]) == before["b8"]                       # not reached: not even contacted
+    per_box = [accepted(boxes[n]) - before[n] for n in ("b1", "b2", "b3", "b4", "b5", "b7")]
+    assert per_box == [1] * 6                                          # one SSH connection per box per deploy
+    failed = next(x for x in out["results"] if x["install_dir"] == str(roots["b6"]))
+    assert failed["step"] == "golden" and failed["exit_code"] == 9 and failed["active_after"] == v1_version(roots["b6"])
+
+    table = CliRunner().invoke(main, ["status", "--hosts", str(inv), "--bundle", str(bundles["v2"]), "--ssh-config",
+                                      ok, "--json"])
+    assert table.exit_code == 9
+    matches = {b["name"]: b["matches"] for b in json.loads(table.output)["boxes"]}
+    assert matches == {**{n: True for n in roots}, "b6": False, "b8": False}
+
+    wrong = run("deploy", str(bundles["v1"]), "--resume", str(state))
+    assert wrong.exit_code == 3 and "the rollout of another bundle" in wrong.output
+    config(None, "ssh_config_rollout")               # b6 repaired; the state names each box's target, config too
+    env = {"COLUMNS": "80"}
+    resumed = CliRunner().invoke(main, ["deploy", str(bundles["v2"]), "--resume", str(state), "--no-latency-gate"],
+                                 env=env)
+    assert resumed.exit_code == 0, resumed.output
+    assert all(len(line) <= 80 for line in resumed.output.splitlines())
+    assert "rollout" in resumed.output and "complete" in resumed.output and "8 ok, 0 failed" in resumed.output
+    assert all(serving(r) == v2 for r in roots.values())
+    assert json.loads(state.read_text())["runs"] == 2
+
+    back = run("rollback", "--rollout", str(state), "--json")
+    assert back.exit_code == 0, back.output
+    assert json.loads(back.output)["rollout"]["status"] == "rolled back"
+    assert all(serving(r) == v1 for r in roots.values())
+
+
+def v1_version(root) -> str:
+    return os.readlink(root / "current").rsplit("/", 1)[-1]
+
+
+def test_rollout_options_are_checked(fleet, bundles):  # noqa: F811
+    inv, config, _, _ = fleet
+    for opts, said in ((["--canary", "8"], "a canary is fewer boxes than the fleet"),
+                       (["--wave", "0"], "at least 1 box"), (["--wave", "150%"], "a percentage in (0, 100]"),
+                       (["--max-fail", "two"], "is not a number of boxes or a percentage")):
+        res = run("deploy", str(bundles["v2"]), "--hosts", str(inv), "--ssh-config", config(None), *opts)
+        assert res.exit_code == 3 and said in res.output, (opts, res.output)
+    alone = run("deploy", str(bundles["v2"]), "--host", "b1", "--wave", "2")
+    assert alone.exit_code == 2 and "are for --hosts FILE" in alone.output
