@@ -39,8 +39,9 @@
 
 #include "cpu_handoff.h"
 
-// cpu_lstm.cpp's steps of a single-layer projected net (the same library).
+// cpu_lstm.cpp's steps of a single-layer projected net, cpu_conv.cpp's shared tile configuration (the same library).
 extern "C" int edgehft_lstm_steps(void* p, const float* g, int ldg, int s0, int n, float* h_out);
+extern "C" void edgehft_conv_amx_scope(int open);
 
 namespace edgehft {
 namespace {
@@ -102,11 +103,13 @@ size_t prof_slot(const Program* s, int phase) {
     return phase == kPrepare ? 0 : phase == kCritical ? np + 1 : np + nc + 2;      // kCold -> the head's (unused)
 }
 
-// One phase's calls with window row 0 at buffer row `base`. Returns whether every kernel returned 0.
+// One phase's calls with window row 0 at buffer row `base`, the AMX convs among them on one tile configuration.
+// Returns whether every kernel returned 0.
 bool run_phase(Program* s, int phase, int64_t base) {
     bool ok = true;
     const bool timed = s->profiling && phase != kCold;
     size_t slot = prof_slot(s, phase);
+    edgehft_conv_amx_scope(1);
     uint64_t t = prof_start(s);
     for (const Call& c : s->calls[phase]) {
         const void* in;
@@ -119,6 +122,7 @@ bool run_phase(Program* s, int phase, int64_t base) {
         ok &= c.fn(c.h, in, reinterpret_cast<float*>(c.out + (base + c.a) * c.out_row_bytes)) == 0;
         if (timed) prof_lap(s, slot++, t);
     }
+    edgehft_conv_amx_scope(0);
     return ok;
 }
 

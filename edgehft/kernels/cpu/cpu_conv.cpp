@@ -483,8 +483,16 @@ void run_dp(Conv* k, float* out) {
     }
 }
 
-__attribute__((target("amx-tile,amx-bf16"))) void run_amx(Conv* k, float* out) {
-    const uint16_t* xb = static_cast<const uint16_t*>(k->x);
+// A run of conv calls on one thread sharing one tile configuration (edgehft_conv_amx_scope): the first AMX conv
+// in it loads the configuration, the scope's end releases the tiles; outside a scope every AMX conv loads and
+// releases its own (LDTILECFG + TILERELEASE cost ~60 ns a call on a Sapphire Rapids core). Every AMX conv uses
+// the same configuration (8 tiles of 16 rows x 64 bytes), so sharing it changes no result.
+struct AmxScope {
+    bool open = false, configured = false;
+};
+thread_local AmxScope tls_amx;
+
+__attribute__((target("amx-tile,amx-bf16"))) void amx_configure() {
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -493,6 +501,15 @@ __attribute__((target("amx-tile,amx-bf16"))) void run_amx(Conv* k, float* out) {
         cfg.colsb[t] = 64;
     }
     _tile_loadconfig(&cfg);
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) void amx_release() { _tile_release(); }
+
+__attribute__((target("amx-tile,amx-bf16"))) void run_amx(Conv* k, float* out) {
+    const uint16_t* xb = static_cast<const uint16_t*>(k->x);
+    const bool scoped = tls_amx.open;
+    if (!scoped || !tls_amx.configured) amx_configure();
+    if (scoped) tls_amx.configured = true;
     const size_t C = k->C;
     if (k->flat) {
         for (int m0 = 0; m0 < k->M; m0 += 32) {
@@ -507,7 +524,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void run_amx(Conv* k, float* out) {
                 emit(k, k->acc, out, oy * k->Wo + ox, oy * k->Wo + std::min(k->Wo, ox + 32));
             }
     }
-    _tile_release();
+    if (!scoped) _tile_release();
 }
 #endif
 
@@ -517,6 +534,19 @@ extern "C" {
 
 // 1 when this process can run AMX-BF16 tiles (CPU flags and the kernel's permission), else 0.
 int edgehft_conv_amx() { return slot_supported(kAmx) ? 1 : 0; }
+
+// open 1: the conv calls on this thread until edgehft_conv_amx_scope(0) share one tile configuration (loaded by
+// the first AMX conv among them); open 0: the end of that run (the tiles released if one was loaded). For a caller
+// that runs many small convs back to back with no other AMX code between them (the stream executor's phases).
+void edgehft_conv_amx_scope(int open) {
+#ifdef EDGEHFT_AMX
+    if (tls_amx.configured) amx_release();
+    tls_amx.open = open != 0;
+    tls_amx.configured = false;
+#else
+    (void)open;
+#endif
+}
 
 // Create a conv. dims = {H, W, C, Co, kh, kw, sh, sw, ph, pw, Ho, Wo} (ph, pw: the leading SAME padding;
 // VALID: 0); weights OHWI (Co, kh, kw, C) float32; bias (Co,) float32 or null; act: 0 none, 1 relu,
