@@ -10,6 +10,7 @@ from rich.table import Table
 from edgehft import backends
 from edgehft.cli import rollout as rollout_cli
 from edgehft.cli.common import err, handles_errors, json_opt, main, out, select_opt
+from edgehft.compat import removeprefix
 from edgehft.report import printable
 
 ssh_config_opt = click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -195,7 +196,7 @@ def _print_results(results, dry_run: bool) -> None:
             out.print(plan_choice_table(r.plan_choice, f"plans timed on {printable(r.host)}"))
     for r in results:
         if not r.ok:
-            err.print(f"[red]{printable(r.host)}[/] ({r.step}): {printable((r.error or '').removeprefix(r.host + ': '))}",
+            err.print(f"[red]{printable(r.host)}[/] ({r.step}): {printable(removeprefix(r.error or '', r.host + ': '))}",
                       highlight=False)
 
 

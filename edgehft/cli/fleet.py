@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from edgehft.cli.common import err, out
+from edgehft.compat import removeprefix
 from edgehft.report import printable
 
 SWITCHES = ("activate", "rollback")      # the history events that change what a box serves
@@ -96,7 +97,7 @@ def print_fleet(rows: list[dict], expected_dir: str | None) -> None:
         out.print(f"{c} on every box that answered: {printable(str(v))}", highlight=False)
     for r in rows:
         if not r["reached"]:
-            said = (r["error"] or "").removeprefix(r["host"] + ": ")
+            said = removeprefix(r["error"] or "", r["host"] + ": ")
             err.print(f"[red]{printable(r['name'])}[/] ({printable(r['host'])}): {printable(said)}", highlight=False)
         elif r["damaged"]:
             err.print(f"[red]{printable(r['name'])}[/]: the active version does not match its manifest "

@@ -10,6 +10,7 @@ import click
 from rich.table import Table
 
 from edgehft.cli.common import err, out
+from edgehft.compat import removeprefix
 from edgehft.report import printable
 
 WAVE_HELP = ("--hosts: a rollout in waves of N boxes or P%% of the fleet (rounded up); the next wave starts when "
@@ -113,7 +114,7 @@ def run_deploy(r, bundle, opts: dict, engine_name, parallel: int, as_json: bool,
             for (b, _), o in zip(ran, objs):
                 if not o.ok:
                     err.print(f"[red]{printable(b.name)}[/] ({o.step}): "
-                              f"{printable((o.error or '').removeprefix(o.host + ': '))}", highlight=False)
+                              f"{printable(removeprefix(o.error or '', o.host + ': '))}", highlight=False)
     if (not dry_run and r.status != "complete") or any(not o.ok for o in objs):
         sys.exit(objs[0].exit_code if len(r.boxes) == 1 and objs else 9)
 

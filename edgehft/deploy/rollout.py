@@ -25,7 +25,7 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, List
 
 from edgehft.errors import InputError
 
@@ -158,7 +158,7 @@ def load(path: str | Path) -> Rollout:
                          hint="the file `edgehft deploy --hosts ... --wave/--canary/--max-fail` wrote") from None
 
 
-WaveHook = Callable[[int, list[RolloutBox], str], None]     # (wave number, its boxes, "start" | "end")
+WaveHook = Callable[[int, List[RolloutBox], str], None]     # (wave number, its boxes, "start" | "end")
 
 
 def run(r: Rollout, jobs: Callable[[list[RolloutBox]], list[dict]], fanout, parallel: int,

@@ -56,6 +56,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
+from edgehft.compat import removesuffix
 from edgehft.errors import BundleError, DeployError, InputError
 from edgehft.runtime.plans import RECORD_DIR, make_record, pick, read_record, record_path
 from edgehft.signing import SIGNATURE, check_install_dir
@@ -510,14 +511,14 @@ class Store:
                 old = time.time() - p.stat().st_mtime > STALE_STAGED_S and p.name != busy
                 if p.name.endswith(".partial") or old:
                     shutil.rmtree(p, ignore_errors=True)
-                    self.record("cleaned", version=p.name.removesuffix(".partial"),
+                    self.record("cleaned", version=removesuffix(p.name, ".partial"),
                                 reason="interrupted transfer" if p.name.endswith(".partial") else "staged, never activated")
         for p in [*self.root.glob(".current.*"), *self.root.glob(".previous.*")]:
             p.unlink(missing_ok=True)
         if self.plan_dir.is_dir():          # records of versions neither installed nor staged, half-written ones
             keep = set(self.installed()) | ({p.name for p in self.incoming.iterdir()} if self.incoming.is_dir() else set())
             for p in self.plan_dir.iterdir():
-                if (p.is_file() or p.is_symlink()) and (p.name.startswith(".") or p.name.removesuffix(".json") not in keep):
+                if (p.is_file() or p.is_symlink()) and (p.name.startswith(".") or removesuffix(p.name, ".json") not in keep):
                     p.unlink(missing_ok=True)
 
     # -- steps ----------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from edgehft.compat import tomllib
+from edgehft.compat import removeprefix, tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -149,7 +149,7 @@ class Runner(_Runner):
         info = ET.parse(hwh).getroot().find("SYSTEMINFO")
         want = split_part(board.fpga["part"], board.fpga["family"])[:2]
         got = (info.get("DEVICE", ""), info.get("PACKAGE", "")) if info is not None else ("?", "?")
-        if tuple(x.lower().removeprefix("xc") for x in got) != tuple(x.lower().removeprefix("xc") for x in want):
+        if tuple(removeprefix(x.lower(), "xc") for x in got) != tuple(removeprefix(x.lower(), "xc") for x in want):
             raise BoardUnavailableError(f"{hwh.name} was built for part {''.join(got)}, board {board.name} is "
                                         f"{board.fpga['part']}", hint="use the overlay built for this board")
 

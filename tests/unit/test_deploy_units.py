@@ -119,6 +119,11 @@ def test_board_stack_rules():
                                               "packages": {"tflite-runtime": "2.14.0"}}) is None
     assert "arch riscv64" in stack_mismatch(load_board("cpu"), {"arch": "riscv64", "packages": {"ai-edge-litert": "2"}})
     assert stack_mismatch(load_board("cpu"), {"python": "3.13.0rc1", "packages": {"ai-edge-litert": "2"}}) is None
+    # JetPack 5's Python 3.8 with tflite-runtime (no ai-edge-litert for cp38) is a cpu box; 3.7 is not
+    assert stack_mismatch(load_board("cpu"), {"arch": "aarch64", "python": "3.8.10",
+                                              "packages": {"tflite-runtime": "2.13.0"}}) is None
+    assert "Python 3.7.17, the image's is >=3.8" in stack_mismatch(load_board("cpu"), {
+        "python": "3.7.17", "packages": {"tflite-runtime": "2.13.0"}})
     odd = {**real, "packages": {**real["packages"], "pynq": "?"}}
     assert stack_mismatch(z2, odd).endswith("pynq '?' (not a version edgehft can read), the image has >=3.1,<3.2")
 
@@ -126,9 +131,9 @@ def test_board_stack_rules():
 def test_a_bad_stack_in_a_board_file_is_an_input_error(tmp_path, monkeypatch):
     from edgehft import boards
     text = (Path(boards.BOARD_DIRS[1]) / "cpu.toml").read_text().replace('name = "cpu"', 'name = "mine"')
-    (tmp_path / "mine.toml").write_text(text.replace('python = ">=3.10"', 'python = "three ten"'))
+    (tmp_path / "mine.toml").write_text(text.replace('python = ">=3.8"', 'python = "three eight"'))
     monkeypatch.setattr(boards, "BOARD_DIRS", (tmp_path,))
-    with pytest.raises(InputError, match="(?s)mine.toml is invalid.*stack.python.*not a PEP 440 version specifier: 'three ten'"):
+    with pytest.raises(InputError, match="(?s)mine.toml is invalid.*stack.python.*not a PEP 440 version specifier: 'three eight'"):
         boards.load_board("mine")
 
 

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from edgehft.deploy.probe_rules import read_text
+from edgehft.compat import removeprefix
 
 
 def parse_l4t(text: str | None) -> str | None:
@@ -33,7 +34,7 @@ def probe(board, facts: dict) -> list[str]:
         why.append("no /etc/nv_tegra_release: not a Jetson (L4T) system")
     elif want and not (l4t == want or l4t.startswith(want + ".")):
         why.append(f"L4T {l4t}, {board.name} is defined for L4T {want} (JetPack {rt.get('jetpack', '?')})")
-    words = board.name.removeprefix("jetson-").split("-")
+    words = removeprefix(board.name, "jetson-").split("-")
     if l4t is not None and not all(w.lower() in model.lower().split() for w in words):
         why.append(f"module is {model or 'unknown'!r}, not a Jetson {' '.join(words)}")
     return why

@@ -232,7 +232,7 @@ def pack_lstm(p: LstmParams, rounding: str = "gemmlowp", steps: int | None = Non
                              np.concatenate([np.asarray(g.input_effective_bias, np.int64) for g in gs]),
                              np.concatenate([np.asarray(g.recurrent_effective_bias, np.int64) for g in gs])])
     assert params.size == total
-    dims = ({"steps": int(steps)} if steps is not None else {}) | {"n_in": n_in, "n_hidden": n}
+    dims = {**({"steps": int(steps)} if steps is not None else {}), "n_in": n_in, "n_hidden": n}
     return KernelBlob("lstm_int8", w.reshape(-1), params.astype(np.int32), dims)
 
 
