@@ -25,8 +25,8 @@ def __getattr__(name: str):
         except ImportError as exc:       # pragma: no cover - exercised only where pynq is absent
             raise BoardUnavailableError(
                 f"edgehft.emulate.{name} needs pynq ({exc})",
-                hint="pynq 4.0.0 pins numpy < 2 and cannot share TensorFlow's venv: run "
-                     "scripts/board-venv.sh and use .venv-board/bin/python") from exc
+                hint="pynq 4.0.0 pins numpy < 2 and cannot share TensorFlow's venv: make one with "
+                     "`python -m edgehft.emulate.board_venv VENV` and use VENV/bin/python") from exc
         return getattr(pynq_board, name)
     raise AttributeError(f"module 'edgehft.emulate' has no attribute {name!r}")
 

@@ -25,8 +25,9 @@ from edgehft.runtime.litert import check_model_file, interpreter_path, load_inte
 
 POLL_TIMEOUT_S = 5.0
 _DRIVERS: dict[str, type] = {}
-PYNQ_HINT = ("on a PYNQ board pynq comes with the image (pynq 4.0); elsewhere run scripts/board-venv.sh "
-             "(pynq 4.0.0 pins numpy < 2, so it needs its own venv, without TensorFlow)")
+PYNQ_HINT = ("on a PYNQ board pynq comes with the image (pynq 4.0); elsewhere make the emulated board's venv with "
+             "`python -m edgehft.emulate.board_venv VENV` (pynq 4.0.0 pins numpy < 2, so it needs its own venv, "
+             "without TensorFlow) and run edgehft from VENV/bin")
 
 
 def _import_pynq():
