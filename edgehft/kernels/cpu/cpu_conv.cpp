@@ -134,9 +134,8 @@ void RoundF32(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n) {
     const hn::RebindToUnsigned<D> du;
     const size_t L = hn::Lanes(d);
     for (size_t i = 0; i < n; i += L) {
-        const auto m = hn::FirstN(d, n - i);
-        const auto b = hn::And(Bf16Bits(d, hn::MaskedLoad(m, d, x + i)), hn::Set(du, 0xffff0000u));
-        hn::BlendedStore(hn::BitCast(d, b), m, d, y + i);
+        const auto b = hn::And(Bf16Bits(d, LoadN(d, x + i, n - i)), hn::Set(du, 0xffff0000u));
+        StoreN(d, hn::BitCast(d, b), y + i, n - i);
     }
 }
 
@@ -331,10 +330,10 @@ void fill(const Conv* k, const float* x, T* base, void (*round)(const float*, T*
             memset(d + row, 0, (prow - row - k->pw * C) * sizeof(T));             // columns right
         }
     memset(base + (k->ph + k->H) * prow, 0, (k->Hp - k->ph - k->H) * prow * sizeof(T));  // rows below
-    // and everything after them that tails and k-block padding read (times zero weights, or into outputs
-    // that are thrown away): zeros, so no value from another conv or an earlier call can reach an output
-    // (0 * inf would).
-    memset(base + k->Hp * prow, 0, (k->xrows - k->Hp * prow) * sizeof(T));
+    // and, for the bf16 paths (AMX, VDPBF16PS), everything after them that their tails and k-block padding read
+    // (times zero weights, or into outputs that are thrown away): zeros, so no value from another conv or an
+    // earlier call can reach an output (0 * inf would). The fp32 SIMD path reads only rows < Hp.
+    if (sizeof(T) == sizeof(uint16_t)) memset(base + k->Hp * prow, 0, (k->xrows - k->Hp * prow) * sizeof(T));
 }
 
 #ifdef EDGEHFT_AMX

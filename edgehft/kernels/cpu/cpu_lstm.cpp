@@ -266,14 +266,14 @@ HWY_INLINE void Gates(const float* z, int H, float* c, float* h, float clip) {
     const int L = static_cast<int>(hn::Lanes(d));
     const V hi = hn::Set(d, clip > 0 ? clip : __builtin_huge_valf()), lo = hn::Neg(hi);
     for (int j = 0; j < H; j += L) {
-        const auto m = hn::FirstN(d, static_cast<size_t>(H - j));
-        const V zi = hn::MaskedLoad(m, d, z + j), zf = hn::MaskedLoad(m, d, z + H + j);
-        const V zc = hn::MaskedLoad(m, d, z + 2 * H + j), zo = hn::MaskedLoad(m, d, z + 3 * H + j);
-        V cv = hn::MaskedLoad(m, d, c + j);
+        const size_t n = static_cast<size_t>(H - j);
+        const V zi = LoadN(d, z + j, n), zf = LoadN(d, z + H + j, n);
+        const V zc = LoadN(d, z + 2 * H + j, n), zo = LoadN(d, z + 3 * H + j, n);
+        V cv = LoadN(d, c + j, n);
         cv = Fma(d, Sigmoid(d, zf), cv, hn::Mul(Sigmoid(d, zi), Tanh(d, zc)));
         cv = ClampKeepNaN(cv, lo, hi);
-        hn::BlendedStore(cv, m, d, c + j);
-        hn::BlendedStore(hn::Mul(Sigmoid(d, zo), Tanh(d, cv)), m, d, h + j);
+        StoreN(d, cv, c + j, n);
+        StoreN(d, hn::Mul(Sigmoid(d, zo), Tanh(d, cv)), h + j, n);
     }
 }
 
@@ -334,10 +334,10 @@ void Act(const float* x, float* th, float* sg, int n) {
     const D d;
     const int L = static_cast<int>(hn::Lanes(d));
     for (int i = 0; i < n; i += L) {
-        const auto m = hn::FirstN(d, static_cast<size_t>(n - i));
-        const V v = hn::MaskedLoad(m, d, x + i);
-        hn::BlendedStore(Tanh(d, v), m, d, th + i);
-        hn::BlendedStore(Sigmoid(d, v), m, d, sg + i);
+        const size_t r = static_cast<size_t>(n - i);
+        const V v = LoadN(d, x + i, r);
+        StoreN(d, Tanh(d, v), th + i, r);
+        StoreN(d, Sigmoid(d, v), sg + i, r);
     }
 }
 

@@ -100,12 +100,12 @@ HWY_INLINE void PoolPixel(const ops::Pool& p, const float* HWY_RESTRICT x, float
     const D d;
     const int L = static_cast<int>(hn::Lanes(d));
     for (int c = 0; c < p.C; c += L) {
-        const auto m = hn::FirstN(d, static_cast<size_t>(p.C - c));
+        const size_t n = static_cast<size_t>(p.C - c);
         V acc = hn::Set(d, -__builtin_inff());
         for (int y = y0; y < y1; ++y)
             for (int xx = x0; xx < x1; ++xx)
-                acc = StdMax(acc, hn::MaskedLoad(m, d, x + (static_cast<size_t>(y) * p.W + xx) * p.C + c));
-        hn::BlendedStore(Activate(d, acc, p.act), m, d, o + c);
+                acc = StdMax(acc, LoadN(d, x + (static_cast<size_t>(y) * p.W + xx) * p.C + c, n));
+        StoreN(d, Activate(d, acc, p.act), o + c, n);
     }
 }
 
@@ -129,8 +129,7 @@ HWY_INLINE float Dot16(const float* HWY_RESTRICT x, const float* HWY_RESTRICT w,
     for (int n = 0; n < N; n += 16)
         for (int v = 0; v < nv; ++v) {
             const int at = n + v * L;
-            const auto m = hn::FirstN(d, static_cast<size_t>(std::max(N - at, 0)));
-            acc[v] = Fma(d, hn::MaskedLoad(m, d, x + at), hn::Load(d, w + at), acc[v]);
+            acc[v] = Fma(d, LoadN(d, x + at, static_cast<size_t>(std::max(N - at, 0))), hn::Load(d, w + at), acc[v]);
         }
     HWY_ALIGN float lanes[16];
     for (int v = 0; v < nv; ++v) hn::Store(acc[v], d, lanes + v * L);
