@@ -86,6 +86,20 @@ def group_of(path: Path) -> str | None:
     return rel.parts[0] if len(rel.parts) > 1 and rel.parts[0] in GROUPS else None
 
 
+def pytest_configure(config):
+    # tests/pythons' venv fixture records here which of the boards' Pythons the box side ran on:
+    # venv flavour ("3.8", "3.10-tflite") -> "Python 3.8.18" or "skipped: <why>"; said at the end of the run
+    config.edgehft_pythons = {}
+
+
+def pytest_terminal_summary(terminalreporter):
+    ran = getattr(terminalreporter.config, "edgehft_pythons", None)
+    if ran:
+        terminalreporter.write_sep("-", "box side (tests/pythons) on: " + "; ".join(
+            f"{v}: {what}" for v, what in sorted(ran.items(), key=lambda kv: (
+                [int(x) for x in kv[0].split("-")[0].split(".")], kv[0]))))
+
+
 @pytest.hookimpl(tryfirst=True)        # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
     """Mark each test with its directory's group, and skip it with the reason where a need is missing."""

@@ -35,15 +35,22 @@ def _pyenv_has(version: str) -> bool:
 
 @pytest.fixture(params=VERSIONS, ids=[f"py{v}" for v in VERSIONS])
 def venv(request) -> Path:
+    RAN = request.config.edgehft_pythons
     v = request.param
     bin_dir = ROOT / f".venv-py{v}" / "bin"
     if not (bin_dir / "python").exists():
         why = f".venv-py{v} missing: run scripts/box-pythons.sh {v}"
         if not _pyenv_has(v.split("-")[0]):
+            RAN.setdefault(v, f"skipped: no Python {v} under pyenv")
             pytest.skip(f"no Python {v} under pyenv here ({why} once it is installed)")
         if os.environ.get("CI"):
+            RAN[v] = "FAILED: venv missing"
             pytest.fail(why)
+        RAN.setdefault(v, "skipped: venv missing")
         pytest.skip(why)
+    if v not in RAN:
+        got = _in_venv([bin_dir / "python", "-c", "import platform; print(platform.python_version())"])
+        RAN[v] = f"Python {got.stdout.strip() or '?'}"
     return bin_dir
 
 
