@@ -129,7 +129,7 @@ def deploy_cmd(bundle, board, host, hosts_file, limit, parallel, canary, wave, m
     opts = dict(force=force, keep=keep, emulate=emulate, select=select, plan=plan, core=core,
                 latency_gate=not no_gate, budget_p99_us=budget_p99_us, budget_p999_us=budget_p999_us)
     if hosts_file or resume:
-        r = (rollout_cli.resume_rollout(bundle, resume) if resume else
+        r = (rollout_cli.resume_rollout(bundle, resume, ssh_config) if resume else
              rollout_cli.start_rollout(bundle, _inventory_targets(hosts_file, limit, default_board, remote_python,
                                                                   install_dir, ssh_config),
                                        default_board, canary, wave, max_fail, state_path))
@@ -344,7 +344,7 @@ def rollback_cmd(to, host, rollout_state, engine_name, parallel, board, ssh_conf
     if rollout_state:
         if to:
             raise click.UsageError("--to is for one --host (a rollout goes back to each box's own previous version)")
-        rollout_cli.run_rollback(rollout_state, engine_name, parallel, as_json)
+        rollout_cli.run_rollback(rollout_state, engine_name, parallel, as_json, ssh_config)
         return
     from edgehft.deploy.deploy import rollback
     res = rollback(_target(host, board, remote_python, install_dir, ssh_config), to)

@@ -58,8 +58,24 @@ def start_rollout(bundle, pairs, default_board, canary, wave, max_fail, state_pa
     return r
 
 
-def resume_rollout(bundle, state_path):
-    """The rollout of ``state_path``, checked to be of ``bundle``. Raises InputError otherwise."""
+def check_ssh_config(r, state_path, ssh_config):
+    """Refuse a rollout whose boxes were not reached with ``ssh_config`` (this command's --ssh-config): an ssh
+    config (which can hold a ProxyCommand) is never taken from the state file, whose boxes must name the same one
+    or none. Raises InputError."""
+    from edgehft.errors import InputError
+    want = None if ssh_config is None else str(ssh_config)
+    for b in r.boxes:
+        got = b.target.get("ssh_config")
+        if got != want:
+            raise InputError(f"{state_path}: box {printable(b.name)!r} was reached with ssh config {got!r}, this "
+                             f"command gives {want!r}",
+                             hint=f"pass --ssh-config {got} if you trust that file" if got else
+                             "leave --ssh-config out, as the rollout did")
+
+
+def resume_rollout(bundle, state_path, ssh_config=None):
+    """The rollout of ``state_path`` (:func:`load_state`), checked to be of ``bundle``. Raises InputError
+    otherwise."""
     from edgehft.bundle import MANIFEST, sha256_file
     from edgehft.deploy import rollout
     from edgehft.errors import InputError
@@ -69,6 +85,7 @@ def resume_rollout(bundle, state_path):
                          f"{r.bundle_sha256[:12]})", hint="resume with the bundle the rollout started with")
     if r.status == "complete" and all(b.status == "ok" for b in r.boxes):
         raise InputError(f"the rollout {r.id} is complete: every box has its version", hint="nothing to resume")
+    check_ssh_config(r, state_path, ssh_config)
     return r
 
 
@@ -80,6 +97,7 @@ def run_deploy(r, bundle, opts: dict, engine_name, parallel: int, as_json: bool,
     from edgehft.deploy.deploy import DeployResult
     from edgehft.deploy.fanout import default_engine, deploy_job, engine
     fanout = engine(engine_name or default_engine())
+    bundle = str(Path(bundle).resolve())          # an engine's job may run in another directory (Ansible's)
 
     def jobs(boxes):
         return [deploy_job(_target(b), bundle, b.board, {**opts, "dry_run": dry_run}) for b in boxes]
@@ -96,8 +114,10 @@ def run_deploy(r, bundle, opts: dict, engine_name, parallel: int, as_json: bool,
 
     if dry_run:
         ran = list(zip(r.boxes, fanout.run(jobs(r.boxes), parallel)))
-        for b, res in ran:
+        for b, res in ran:                       # nothing deployed: a box stays pending unless its checks failed
             b.version_before = res.get("active_before")
+            if not res.get("ok"):
+                b.status, b.step, b.exit_code, b.error = "failed", res.get("step"), res.get("exit_code"), res.get("error")
     else:
         ran = rollout.run(r, jobs, fanout, parallel, on_wave)
     results = [res for _, res in ran]
@@ -149,11 +169,13 @@ def print_rollout(r, dry_run: bool = False) -> None:
         out.print(f"state: {r.path}", highlight=False)
 
 
-def run_rollback(state_path, engine_name, parallel: int, as_json: bool) -> None:
-    """``edgehft rollback --rollout STATE``: every box the rollout switched back to its previous version."""
+def run_rollback(state_path, engine_name, parallel: int, as_json: bool, ssh_config=None) -> None:
+    """``edgehft rollback --rollout STATE``: every box the rollout switched back to its previous version (the
+    boxes reached with ``ssh_config``, :func:`check_ssh_config`)."""
     from edgehft.deploy import rollout
     from edgehft.deploy.fanout import default_engine, engine, rollback_job
     r = rollout.load(state_path)
+    check_ssh_config(r, state_path, ssh_config)
     fanout = engine(engine_name or default_engine())
     results = rollout.rollback(r, lambda boxes: [rollback_job(_target(b), b.version_before) for b in boxes], fanout,
                                parallel)

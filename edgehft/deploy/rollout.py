@@ -25,7 +25,9 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, Dict, List, Optional
+
+import pydantic
 
 from edgehft.errors import InputError
 
@@ -94,6 +96,42 @@ class Rollout:
         os.replace(tmp, p)
 
 
+_STRICT = pydantic.ConfigDict(extra="forbid", strict=True)
+
+
+class _BoxState(pydantic.BaseModel):
+    """A box in a state file (:class:`RolloutBox`'s fields, JSON types exactly)."""
+    model_config = _STRICT
+    name: str
+    target: Dict[str, object]
+    board: Optional[str]
+    wave: int
+    status: str = pydantic.Field(pattern="^(pending|ok|failed|rolled back)$")
+    version_before: Optional[str] = None
+    version: Optional[str] = None
+    exit_code: Optional[int] = None
+    step: Optional[str] = None
+    error: Optional[str] = None
+
+
+class _State(pydantic.BaseModel):
+    """A state file (:class:`Rollout`'s fields less ``path``; strict: no other keys, JSON types exactly)."""
+    model_config = _STRICT
+    id: str = pydantic.Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")
+    bundle: str
+    bundle_sha256: str = pydantic.Field(pattern="^[0-9a-f]{64}$")
+    canary: int = pydantic.Field(ge=0)
+    wave: Optional[str]
+    max_fail: Optional[str]
+    boxes: List[_BoxState] = pydantic.Field(min_length=1)
+    status: str = pydantic.Field(pattern="^(planned|running|stopped|complete|rolled back)$")
+    stop_reason: Optional[str] = None
+    created_utc: str = ""
+    updated_utc: str = ""
+    runs: int = pydantic.Field(default=0, ge=0)
+    state_version: int
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -142,20 +180,40 @@ def plan(names: list[str], targets: list[dict], boards: list[str | None], bundle
 
 
 def load(path: str | Path) -> Rollout:
-    """A rollout's state file.
+    """A rollout's state file, checked field by field (it is input: a hand-edited or hostile file is refused, not
+    run): the schema's keys and types (:class:`_State`, pydantic, strict), waves 1 .. the number of boxes, the
+    canary / wave / max-fail options as :func:`plan` takes them, every box's target as
+    :func:`edgehft.deploy.ssh.check_target_fields` takes it.
 
     Raises:
-        InputError: unreadable, not a rollout state, or from another edgehft state version."""
+        InputError: unreadable, not a rollout state, from another edgehft state version, or a field out of rule."""
+    hint = "the file `edgehft deploy --hosts ... --wave/--canary/--max-fail` wrote"
     try:
         d = json.loads(Path(path).read_text())
-        if d.get("state_version") != STATE_VERSION:
-            raise InputError(f"{path}: rollout state version {d.get('state_version')!r}, this edgehft reads "
-                             f"{STATE_VERSION}")
-        d["boxes"] = [RolloutBox(**b) for b in d["boxes"]]
-        return Rollout(**d, path=str(path))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise InputError(f"{path} is not a rollout state file: {exc}",
-                         hint="the file `edgehft deploy --hosts ... --wave/--canary/--max-fail` wrote") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path} is not a rollout state file: {exc}", hint=hint) from None
+    if isinstance(d, dict) and d.get("state_version") != STATE_VERSION:
+        raise InputError(f"{path}: rollout state version {d.get('state_version')!r}, this edgehft reads "
+                         f"{STATE_VERSION}", hint=hint)
+    try:
+        st = _State.model_validate(d)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InputError(f"{path} is not a rollout state file: {where or 'the file'}: {first['msg']}",
+                         hint=hint) from None
+    from edgehft.deploy.ssh import check_target_fields
+    n = len(st.boxes)
+    for b in st.boxes:
+        check_target_fields(b.target, str(path))
+        if not 1 <= b.wave <= n:
+            raise InputError(f"{path}: box {b.name!r} is in wave {b.wave}, not 1 .. {n}", hint=hint)
+    if st.canary and st.canary >= n:
+        raise InputError(f"{path}: canary {st.canary} of {n} boxes", hint=hint)
+    count(st.wave, n, "wave")
+    count(st.max_fail, n, "max-fail")
+    boxes = [RolloutBox(**b.model_dump()) for b in st.boxes]
+    return Rollout(**{**st.model_dump(), "boxes": boxes}, path=str(path))
 
 
 WaveHook = Callable[[int, List[RolloutBox], str], None]     # (wave number, its boxes, "start" | "end")

@@ -100,6 +100,44 @@ class SshTarget:
         return f"{who}{self.host}" + (f":{self.port}" if self.port else "")
 
 
+def check_target_fields(d: dict, where: str) -> dict:
+    """``d`` (the JSON fields of an SshTarget, as a rollout state or a fan-out job stores them) when every field is
+    what :func:`parse_target` would have made: the same host, user and port rules, a port in range, an
+    interpreter and an install dir that are plain paths, environment names that are variable names and values
+    without control characters, an idle timeout in (0, 86400) s. Such a file is input, not trusted: this is what
+    keeps a host like ``-oProxyCommand=...`` or a ``ProxyCommand`` from reaching ssh.
+
+    Raises:
+        InputError: another key, a missing one, or a field that breaks a rule (``where`` names the file).
+    """
+    keys = {"host", "user", "port", "python", "install_dir", "ssh_config", "extra_env", "idle_timeout"}
+    bad = None
+    if not isinstance(d, dict) or set(d) != keys:
+        bad = f"fields {sorted(d) if isinstance(d, dict) else type(d).__name__}, not {sorted(keys)}"
+    elif not isinstance(d["host"], str) or not _HOST.match(d["host"]):
+        bad = f"host {d['host']!r} is not a host name or address"
+    elif d["user"] is not None and not (isinstance(d["user"], str) and _USER.match(d["user"])):
+        bad = f"user {d['user']!r} is not a user name"
+    elif d["port"] is not None and not (type(d["port"]) is int and 0 < d["port"] < 65536):
+        bad = f"port {d['port']!r} is not a port"
+    elif not (isinstance(d["python"], str) and re.match(r"^[A-Za-z0-9_./+][A-Za-z0-9_./+-]*$", d["python"])):
+        bad = f"python {d['python']!r} is not an interpreter path"
+    elif not (isinstance(d["install_dir"], str) and re.match(r"^/[^\x00-\x1f]*$", d["install_dir"])):
+        bad = f"install_dir {d['install_dir']!r} is not an absolute path"
+    elif d["ssh_config"] is not None and not isinstance(d["ssh_config"], str):
+        bad = f"ssh_config {d['ssh_config']!r} is not a path"
+    elif not isinstance(d["extra_env"], dict) or any(
+            not (isinstance(k, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)) or not isinstance(v, str)
+            or re.search(r"[\x00-\x1f]", v) for k, v in d["extra_env"].items()):
+        bad = f"extra_env {d['extra_env']!r} is not variable names with plain values"
+    elif type(d["idle_timeout"]) not in (int, float) or not 0 < d["idle_timeout"] < 86400:
+        bad = f"idle_timeout {d['idle_timeout']!r} is not a number of seconds in (0, 86400)"
+    if bad:
+        raise InputError(f"{where}: a box's target: {bad}",
+                         hint="the file edgehft wrote; a box's target is checked like --host and an inventory's")
+    return d
+
+
 def idle_timeout_default() -> float:
     """``$EDGEHFT_IDLE_TIMEOUT`` seconds, else 30.
 
@@ -166,7 +204,7 @@ def parse_target(text: str, *, board=None, python: str | None = None, install_di
 
 def _ssh_g(host: str, config: str) -> dict:
     try:
-        text = subprocess.run(["ssh", "-G", "-F", config, host.strip("[]")], capture_output=True, text=True,
+        text = subprocess.run(["ssh", "-G", "-F", config, "--", host.strip("[]")], capture_output=True, text=True,
                               timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
@@ -211,7 +249,8 @@ def ssh_argv(target: SshTarget, remote_argv: list[str] | None, log_file: str | N
     if target.port:
         argv += ["-p", str(target.port)]
     host = target.host[1:-1] if target.host.startswith("[") else target.host
-    return argv + ([host, shlex.join(remote_argv)] if remote_argv is not None else ["-N", host])
+    # "--": whatever the host is, ssh reads it as the destination, never as an option (-oProxyCommand=...)
+    return argv + (["--", host, shlex.join(remote_argv)] if remote_argv is not None else ["-N", "--", host])
 
 
 def agent_argv(target: SshTarget, command: str, *args: str) -> list[str]:

@@ -16,8 +16,9 @@ else ``edgehft==<this version>``; ``--edgehft SPEC`` names another (a wheel file
 
     python -m edgehft.emulate.board_venv [--stack zu|z2] [--python PY] [--edgehft SPEC] VENV [REQUIREMENT ...]
 
-Exit codes: 0 ready (or already up to date), 2 usage, 7 no Python for the stack here, 1 pip or the check failed
-(pip's own output above it).
+Exit codes: 0 ready (or already up to date), 2 usage (also: VENV exists and is not a directory), 7 no Python for
+the stack here (or ``--python`` is not one), 1 pip, the venv module or the check failed (their output above it).
+On the z2 stack pip says that edgehft requires ai-edge-litert: expected, that venv runs tflite-runtime instead.
 """
 from __future__ import annotations
 
@@ -90,22 +91,27 @@ def find_python(stack: PynqStack) -> Optional[str]:
     pyenv = sorted(glob.glob(f"{root}/versions/{stack.python}.*/bin/python3"),
                    key=lambda p: [int(x) for x in re.findall(r"\d+", Path(p).parents[1].name)], reverse=True)
     for cand in [shutil.which(f"python{stack.python}"), *pyenv]:
-        if not cand:
-            continue
-        try:
-            got = subprocess.run([cand, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                                 capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if got.returncode == 0 and got.stdout.strip() == stack.python:
+        if cand and python_version(cand) == stack.python:
             return cand
     return None
 
 
-def check_script(stack: PynqStack) -> str:
-    """Python code that exits 0 in a venv holding ``stack`` and edgehft with its HIL plugin, else raises."""
+def python_version(python: str) -> Optional[str]:
+    """``"X.Y"`` of the interpreter at ``python``, or None when it is not one that runs here."""
+    try:
+        got = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    out = got.stdout.strip()
+    return out if got.returncode == 0 and re.fullmatch(r"\d+\.\d+", out) else None
+
+
+def check_script(stack: PynqStack, pytest: bool = False) -> str:
+    """Python code that exits 0 in a venv holding ``stack`` and edgehft with its HIL plugin (and pytest), else
+    raises."""
     return "\n".join([
-        f"import importlib.metadata, numpy, pynq, {stack.module}, pytest, edgehft",
+        f"import importlib.metadata, numpy, pynq, {stack.module}, edgehft" + (", pytest" if pytest else ""),
         "eps = importlib.metadata.entry_points()",
         "eps = eps.select(group='pytest11') if hasattr(eps, 'select') else eps.get('pytest11', [])",
         "assert any(e.name == 'edgehft' for e in eps), 'the HIL plugin entry point'",
@@ -114,10 +120,10 @@ def check_script(stack: PynqStack) -> str:
     ])
 
 
-def is_ready(venv: Path, stack: PynqStack, edgehft_from: Optional[Path] = None) -> bool:
+def is_ready(venv: Path, stack: PynqStack, edgehft_from: Optional[Path] = None, pytest: bool = False) -> bool:
     """Whether ``venv`` already holds ``stack`` (and, given ``edgehft_from``, edgehft from that directory)."""
     py = venv / "bin" / "python"
-    code = check_script(stack)
+    code = check_script(stack, pytest)
     if edgehft_from is not None:
         code += f"\nimport pathlib\nassert pathlib.Path(edgehft.__file__).resolve().parents[1] == pathlib.Path({str(edgehft_from)!r})"
     return py.exists() and subprocess.run([str(py), "-c", code], capture_output=True).returncode == 0
@@ -136,15 +142,22 @@ def create(venv: Path, stack_name: str = "zu", python: Optional[str] = None, edg
         the venv's Python.
     Raises:
         KeyError: an unknown stack name.
-        FileNotFoundError: no Python for the stack here (``find_python``).
-        subprocess.CalledProcessError: pip or the import check failed.
+        FileNotFoundError: no Python for the stack here (``find_python``), or ``python`` is not one.
+        subprocess.CalledProcessError: the venv module, pip or the import check failed.
     """
     stack = STACKS[stack_name]
     py = venv / "bin" / "python"
     base = python or find_python(stack)
+    want = stack.python or "3.8 or later"
+    if python is not None:
+        got = python_version(python)
+        if got is None or (stack.python and got != stack.python) or \
+                tuple(int(x) for x in got.split(".")) < (3, 8):
+            raise FileNotFoundError(f"--python {python} is not a Python {want}" +
+                                    (f" (it is {got})" if got else ""))
     if not py.exists():
         if base is None:
-            raise FileNotFoundError(f"no Python {stack.python} here for the {stack_name} stack")
+            raise FileNotFoundError(f"no Python {want} here for the {stack_name} stack")
         subprocess.run([base, "-m", "venv", str(venv)], check=True)
         (venv / ".gitignore").write_text("*\n")                # keep the venv out of a checkout's git status
         _pip(py, "--upgrade", "pip")
@@ -156,7 +169,7 @@ def create(venv: Path, stack_name: str = "zu", python: Optional[str] = None, edg
         # edgehft's markers pick ai-edge-litert on this Python; the stack runs tflite-runtime instead
         _pip(py, "--no-deps", *target)
         _pip(py, *pins, *box_requirements())
-    subprocess.run([str(py), "-c", check_script(stack)], check=True)
+    subprocess.run([str(py), "-c", check_script(stack, "pytest" in extra)], check=True)
     return py
 
 
@@ -170,17 +183,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--edgehft", dest="edgehft_spec", help="what to install as edgehft (a wheel, a version)")
     a = ap.parse_args(argv)
     stack = STACKS[a.stack]
+    if a.venv.exists() and not a.venv.is_dir():
+        print(f"error: {a.venv} exists and is not a directory: name a new or an existing venv directory",
+              file=sys.stderr)
+        return 2
     root = checkout_root() if a.edgehft_spec is None else None
-    if is_ready(a.venv, stack, root):
+    if is_ready(a.venv, stack, root, "pytest" in a.requirements):
         print(f"{a.venv} is up to date ({a.stack}: pynq {stack.pynq})")
         return 0
     try:
         py = create(a.venv, a.stack, a.python, a.edgehft_spec, tuple(a.requirements))
     except FileNotFoundError as exc:
-        print(f"error: {exc}; pass --python PATH to a Python {stack.python}", file=sys.stderr)
+        print(f"error: {exc}; pass --python PATH to a Python {stack.python or '3.8 or later'}", file=sys.stderr)
         return 7
     except subprocess.CalledProcessError as exc:
         print(f"error: {' '.join(map(str, exc.cmd[:4]))} ... exited {exc.returncode}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"{a.venv} ready ({a.stack}: pynq {stack.pynq}, {stack.interpreter}): {py}")
     return 0

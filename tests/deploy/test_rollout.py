@@ -104,17 +104,19 @@ def test_rollout_stops_at_max_fail_then_resumes_and_rolls_back(fleet, bundles, t
 
     wrong = run("deploy", str(bundles["v1"]), "--resume", str(state))
     assert wrong.exit_code == 3 and "the rollout of another bundle" in wrong.output
-    config(None, "ssh_config_rollout")               # b6 repaired; the state names each box's target, config too
+    repaired = config(None, "ssh_config_rollout")    # b6 repaired; the state names each box's target
+    unsaid = run("deploy", str(bundles["v2"]), "--resume", str(state))   # an ssh config is never read from the file
+    assert unsaid.exit_code == 3 and f"pass --ssh-config {repaired}" in " ".join(unsaid.output.split()), unsaid.output
     env = {"COLUMNS": "80"}
-    resumed = CliRunner().invoke(main, ["deploy", str(bundles["v2"]), "--resume", str(state), "--no-latency-gate"],
-                                 env=env)
+    resumed = CliRunner().invoke(main, ["deploy", str(bundles["v2"]), "--resume", str(state), "--ssh-config",
+                                        repaired, "--no-latency-gate"], env=env)
     assert resumed.exit_code == 0, resumed.output
     assert all(len(line) <= 80 for line in resumed.output.splitlines())
     assert "rollout" in resumed.output and "complete" in resumed.output and "8 ok, 0 failed" in resumed.output
     assert all(serving(r) == v2 for r in roots.values())
     assert json.loads(state.read_text())["runs"] == 2
 
-    back = run("rollback", "--rollout", str(state), "--json")
+    back = run("rollback", "--rollout", str(state), "--ssh-config", repaired, "--json")
     assert back.exit_code == 0, back.output
     assert json.loads(back.output)["rollout"]["status"] == "rolled back"
     assert all(serving(r) == v1 for r in roots.values())

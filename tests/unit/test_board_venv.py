@@ -41,8 +41,9 @@ def test_box_requirements_leave_out_extras_numpy_and_the_interpreter(monkeypatch
 
 
 def test_the_check_names_the_stack():
-    code = bv.check_script(bv.STACKS["z2"])
-    assert "import importlib.metadata, numpy, pynq, tflite_runtime, pytest, edgehft" in code
+    assert "import importlib.metadata, numpy, pynq, tflite_runtime, edgehft\n" in bv.check_script(bv.STACKS["z2"])
+    code = bv.check_script(bv.STACKS["z2"], pytest=True)
+    assert "import importlib.metadata, numpy, pynq, tflite_runtime, edgehft, pytest\n" in code
     assert "pynq.__version__ == '3.1.2'" in code and "numpy.__version__.split('.')[0] == '1'" in code
     compile(code, "check", "exec")
 
@@ -67,3 +68,21 @@ def test_no_python_for_the_stack_is_exit_7(monkeypatch, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bv.main(["--stack", "z3", str(tmp_path / "v")])
     assert e.value.code == 2
+
+
+def test_a_python_that_is_not_one_or_not_the_stacks_is_exit_7(tmp_path, capsys):
+    cases = [("/etc/passwd", "is not a Python 3.8 or later"), (str(tmp_path), "is not a Python"),
+             ("/bin/true", "is not a Python 3.8 or later")]
+    if sys.version_info[:2] != (3, 10):
+        cases.append((sys.executable, "is not a Python 3.10 (it is"))         # z2 wants 3.10
+    for python, said in cases:
+        assert bv.main(["--stack", "z2" if python == sys.executable else "zu", "--python", python,
+                        str(tmp_path / "v")]) == 7
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "v").exists()
+
+
+def test_a_venv_path_that_is_a_file_is_exit_2(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert bv.main([str(tmp_path / "f")]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
