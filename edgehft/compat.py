@@ -61,8 +61,10 @@ def require_extra(module: str, extra: str, purpose: str) -> None:
         hint = f"pip install 'edgehft[{extra}]': {EXTRAS.get(extra, extra)}"
         oldest = EXTRA_MIN_PYTHON.get(extra)
         if oldest and sys.version_info[:2] < oldest:
+            then = ("roll out from there" if extra == "fleet" else
+                    "e.g. compile there and `edgehft deploy` the bundle to this box")
             hint = (f"edgehft[{extra}] needs Python {oldest[0]}.{oldest[1]} or later (this is "
                     f"{sys.version_info[0]}.{sys.version_info[1]}, where the box side runs): run it on a host with "
-                    f"a newer Python, e.g. compile there and `edgehft deploy` the bundle to this box")
+                    f"a newer Python, {then}")
         raise MissingExtraError(f"{purpose} needs the Python package {module!r}, which is not installed here "
                                 f"(edgehft installs without its extras: the box side only)", hint=hint)
