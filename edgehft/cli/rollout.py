@@ -185,7 +185,8 @@ def run_rollback(state_path, engine_name, parallel: int, as_json: bool, ssh_conf
     else:
         print_rollout(r)
         for x in bad:
-            err.print(f"[red]{printable(x['host'])}[/]: {printable(x.get('error') or '')}", highlight=False)
+            err.print(f"[red]{printable(x['host'])}[/]: {printable(removeprefix(x.get('error') or '', x['host'] + ': '))}",
+                      highlight=False)
         if not results:
             out.print("no box of this rollout was switched: nothing to roll back")
     if bad:
