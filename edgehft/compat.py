@@ -20,7 +20,6 @@ else:                                                   # pragma: no cover (3.8 
 __all__ = ["EXTRAS", "removeprefix", "removesuffix", "require_extra", "tomllib"]
 
 
-
 def removeprefix(s: str, prefix: str) -> str:
     """``s`` without ``prefix`` where it starts with it (``str.removeprefix``, Python 3.9+)."""
     return s[len(prefix):] if prefix and s.startswith(prefix) else s

@@ -17,10 +17,10 @@ import importlib
 import importlib.util
 from typing import Callable
 
+from edgehft.deploy.ssh import TARGET_FIELDS
 from edgehft.errors import EdgeHFTError, InputError
 
 ENGINES = {"ansible": "edgehft.deploy.fanout_ansible", "threads": "edgehft.deploy.fanout_threads"}
-TARGET_FIELDS = ("host", "user", "port", "python", "install_dir", "ssh_config", "extra_env", "idle_timeout")
 
 
 def engine(name: str):

@@ -33,6 +33,7 @@ from edgehft.errors import InputError
 
 STATE_VERSION = 1
 BOX_STATUSES = ("pending", "ok", "failed", "rolled back")
+ROLLOUT_STATUSES = ("planned", "running", "stopped", "complete", "rolled back")
 
 
 @dataclass
@@ -106,7 +107,7 @@ class _BoxState(pydantic.BaseModel):
     target: Dict[str, object]
     board: Optional[str]
     wave: int
-    status: str = pydantic.Field(pattern="^(pending|ok|failed|rolled back)$")
+    status: str = pydantic.Field(pattern=f"^({'|'.join(BOX_STATUSES)})$")
     version_before: Optional[str] = None
     version: Optional[str] = None
     exit_code: Optional[int] = None
@@ -124,7 +125,7 @@ class _State(pydantic.BaseModel):
     wave: Optional[str]
     max_fail: Optional[str]
     boxes: List[_BoxState] = pydantic.Field(min_length=1)
-    status: str = pydantic.Field(pattern="^(planned|running|stopped|complete|rolled back)$")
+    status: str = pydantic.Field(pattern=f"^({'|'.join(ROLLOUT_STATUSES)})$")
     stop_reason: Optional[str] = None
     created_utc: str = ""
     updated_utc: str = ""

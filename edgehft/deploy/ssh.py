@@ -100,6 +100,10 @@ class SshTarget:
         return f"{who}{self.host}" + (f":{self.port}" if self.port else "")
 
 
+# SshTarget's fields that a rollout state or a fan-out job stores (its connection multiplexer left out).
+TARGET_FIELDS = ("host", "user", "port", "python", "install_dir", "ssh_config", "extra_env", "idle_timeout")
+
+
 def check_target_fields(d: dict, where: str) -> dict:
     """``d`` (the JSON fields of an SshTarget, as a rollout state or a fan-out job stores them) when every field is
     what :func:`parse_target` would have made: the same host, user and port rules, a port in range, an
@@ -110,7 +114,7 @@ def check_target_fields(d: dict, where: str) -> dict:
     Raises:
         InputError: another key, a missing one, or a field that breaks a rule (``where`` names the file).
     """
-    keys = {"host", "user", "port", "python", "install_dir", "ssh_config", "extra_env", "idle_timeout"}
+    keys = set(TARGET_FIELDS)
     bad = None
     if not isinstance(d, dict) or set(d) != keys:
         bad = f"fields {sorted(d) if isinstance(d, dict) else type(d).__name__}, not {sorted(keys)}"

@@ -133,6 +133,20 @@ def _pip(py: Path, *args: str) -> None:
     subprocess.run([str(py), "-m", "pip", "install", "-q", *args], check=True)
 
 
+def install_tflite_runtime_stack(py: Path, target: List[str], extra: tuple = ()) -> None:
+    """Install edgehft (the pip arguments ``target``) into the venv of ``py`` on a board's tflite-runtime stack:
+    edgehft without its dependencies, then its box-side requirements (:func:`box_requirements`) with
+    tflite-runtime in place of ai-edge-litert, numpy 1.x (tflite-runtime's ABI) and ``extra``. pip then says that
+    edgehft requires ai-edge-litert: expected, the venv runs tflite-runtime instead. The PYNQ-Z2's stack and
+    scripts/tflite-stack.sh (tests/pythons' 3.10-tflite venv) both install this way.
+
+    Raises:
+        subprocess.CalledProcessError: pip failed."""
+    _pip(py, "--no-deps", *target)
+    print(f"{py}: pip will say edgehft requires ai-edge-litert: expected, this venv runs tflite-runtime instead")
+    _pip(py, "numpy>=1.23,<2", "tflite-runtime>=2.13", *extra, *box_requirements())
+
+
 def create(venv: Path, stack_name: str = "zu", python: Optional[str] = None, edgehft_spec: Optional[str] = None,
            extra: tuple = ()) -> Path:
     """Make (or bring up to date) the venv at ``venv`` with the ``stack_name`` PYNQ stack, edgehft's box side
@@ -161,14 +175,12 @@ def create(venv: Path, stack_name: str = "zu", python: Optional[str] = None, edg
         subprocess.run([base, "-m", "venv", str(venv)], check=True)
         (venv / ".gitignore").write_text("*\n")                # keep the venv out of a checkout's git status
         _pip(py, "--upgrade", "pip")
-    pins = [f"pynq=={stack.pynq}", "numpy<2", stack.interpreter, *stack.extra, *extra]
+    pins = [f"pynq=={stack.pynq}", *stack.extra, *extra]
     target = edgehft_requirement(edgehft_spec)
-    if stack.module == "ai_edge_litert":
-        _pip(py, *pins, *target)                                # one resolver run: edgehft's deps under numpy < 2
-    else:
-        # edgehft's markers pick ai-edge-litert on this Python; the stack runs tflite-runtime instead
-        _pip(py, "--no-deps", *target)
-        _pip(py, *pins, *box_requirements())
+    if stack.module == "ai_edge_litert":                        # one resolver run: edgehft's deps under numpy < 2
+        _pip(py, *pins, "numpy<2", stack.interpreter, *target)
+    else:                                                       # edgehft's markers pick ai-edge-litert here
+        install_tflite_runtime_stack(py, target, tuple(pins))
     subprocess.run([str(py), "-c", check_script(stack, "pytest" in extra)], check=True)
     return py
 
