@@ -93,7 +93,7 @@ def test_box_rollback_swaps_back_to_the_warm_version(box, bundles, windows):
         t.join()
         assert _event(srv, "swapped") is not None, srv.events
         assert cli(box, "rollback", "--host", "box").exit_code == 0
-        _call_until(srv, windows, lambda: srv.active == a, timeout=30)
+        _call_until(srv, windows, lambda: _event(srv, "rolled_back") is not None, timeout=30)   # emitted after the swap
         e = _event(srv, "rolled_back")
         assert srv.active == a and e["why"] == "the box's current link went back to it"
         assert _event(srv, "loaded", a) is None             # A was never reopened
@@ -162,7 +162,7 @@ def test_a_breach_after_the_swap_swaps_back(box, bundles, windows):
         assert _event(srv, "swapped", b) is not None
         br = _event(srv, "breach", b)
         assert br is not None and br["over"] == ["p99"] and br["latency_us"]["p99"] > 1.0, srv.events
-        _call_until(srv, windows, lambda: srv.active == a, timeout=30)
+        _call_until(srv, windows, lambda: _event(srv, "rolled_back") is not None, timeout=30)   # emitted after the swap
         rb = _event(srv, "rolled_back")
         assert srv.active == a and "breach after the swap: p99 over the budget" in rb["why"], rb
         assert caller["failed"] == [] and b in caller["served_by"]
@@ -189,5 +189,5 @@ def test_local_installs_swap_with_the_poll_watch(bundles, windows, tmp_path):
         caller = _call_until(srv, windows, lambda: _event(srv, "swapped", b) or _event(srv, "refused"))
         assert caller["failed"] == [] and (srv.active, srv.previous) == (b, a), srv.events
         Store(root).rollback()
-        _call_until(srv, windows, lambda: srv.active == a, timeout=30)
+        _call_until(srv, windows, lambda: _event(srv, "rolled_back") is not None, timeout=30)   # emitted after the swap
         assert srv.active == a and _event(srv, "rolled_back", a)["from_version"] == b
