@@ -205,6 +205,8 @@ def _hil(store, args) -> dict:
     """One HIL check (:mod:`edgehft.hil.checks`: golden, latency, streaming, soak) on the box's active bundle
     (or ``--bundle``) opened with the board's runtime in this process, with ``--options`` as its keyword
     arguments. Returns the check's result dict (a bundle that does not stream: streaming's ``skipped`` result).
+    ``soak`` with ``swap_every_s``: the soak across swaps (:func:`edgehft.serving.soak.soak_check`), the bundle
+    served and installed again in a temporary install directory; the box's own one is not touched.
 
     Raises:
         InputError: an unknown check or option, or bad option values (the check's own).
@@ -222,6 +224,9 @@ def _hil(store, args) -> dict:
         raise EdgeHFTError(f"no active bundle in {store.root}", hint="edgehft deploy one first, or pass a bundle")
     emulate = {"emulate": True} if args.emulate else {}
     with runtime.open(path, args.board, **emulate) as r:
+        if args.check == "soak" and opts.get("swap_every_s") is not None:
+            from edgehft.serving.soak import soak_check       # in a temporary install dir, not the box's own
+            return soak_check(r, opts.pop("minutes", 0.0), opts.pop("swap_every_s"), **opts)
         return fn(r, **opts)
 
 

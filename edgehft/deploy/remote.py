@@ -56,7 +56,9 @@ class RemoteTarget:
         return self._run("streaming", **options)
 
     def soak(self, **options) -> dict:
-        """:func:`edgehft.hil.checks.soak` on the box for ``options["minutes"]``."""
+        """:func:`edgehft.hil.checks.soak` on the box for ``options["minutes"]``; with ``swap_every_s`` the soak
+        across swaps (:func:`edgehft.serving.soak.soak_check`: the bundle served by the box's own ``edgehft.serve``
+        in a temporary install directory there and installed again every ``swap_every_s`` seconds)."""
         return self._run("soak", timeout=float(options.get("minutes") or 0) * 60 + 600, **options)
 
     def describe(self) -> dict:

@@ -319,8 +319,9 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
     Pass when ``p99_drift`` = p99(last interval) / p99(first) - 1 <= ``max_p99_drift`` and
     ``rss_growth_bytes`` = RSS(last) - RSS(first) <= ``max_rss_growth_mb`` MiB.
 
-    With ``swap_every_s`` (None: as above) the soak runs across swaps instead (the local target calls
-    :func:`edgehft.serving.soak.soak_swaps`; here it is refused): the runner's bundle served by :func:`edgehft.serve` from a fresh
+    With ``swap_every_s`` (None: as above) the soak runs across swaps instead (the plugin's target, local or the
+    box's agent, calls :func:`edgehft.serving.soak.soak_check`; here it is refused): the runner's bundle served by
+    :func:`edgehft.serve` from a fresh
     install directory and installed again every ``swap_every_s`` seconds, each version shadow-run and swapped in
     while the calls go on. Its result has these keys (the intervals with ``p99.9_us``, ``max_us``, ``swaps``) and
     ``failed_calls``, ``near_swaps`` / ``away``, ``tries``, ``swapped``, ``refused`` (see ``soak_swaps``); it
@@ -337,8 +338,9 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
         raise InputError(f"soak: minutes {minutes}, intervals {intervals}, speed {speed}, warmup {warmup}",
                          hint="minutes > 0, intervals >= 2, speed > 0, warmup >= 0")
     if swap_every_s is not None:
-        raise InputError("soak across swaps runs where the plugin's target runs it (edgehft.hil.target), not in "
-                         "checks.soak", hint="a local target: --edgehft-soak-swap-every S; a box: not supported yet")
+        raise InputError("soak across swaps runs where the plugin's target runs its checks, not in checks.soak",
+                         hint="call edgehft.serving.soak.soak_check (what the local target and the box's agent "
+                              "run for --edgehft-soak-swap-every S)")
     x, t_ns, source = replay_source(runner, ticks, limit=SOAK_WINDOWS, run_features=run_features)
     predict, windows = _predict_fn(runner, x)
     n = len(windows)

@@ -102,11 +102,8 @@ class LocalTarget:
         ``swap_every_s`` seconds)."""
         if swap_every_s is None:
             return checks.soak(self.runner, **options)
-        from edgehft.serving.soak import soak_swaps
-        r = self.runner
-        res = soak_swaps(r.bundle.path, options.pop("minutes"), swap_every_s, threads=getattr(r, "threads", 1),
-                         **options)
-        return {**res, **checks.runner_info(r)}
+        from edgehft.serving.soak import soak_check
+        return soak_check(self.runner, options.pop("minutes"), swap_every_s, **options)
 
     def describe(self) -> dict:
         """What runs: ``{"kind": "local", "board", "bundle", "emulated", ...}`` plus the runner's own

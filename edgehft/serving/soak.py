@@ -394,6 +394,23 @@ def soak_swaps(bundle_dir, minutes: float, swap_every_s: float, *, install_dir=N
         model_sha256=bundle.manifest.source.sha256))
 
 
+
+def soak_check(runner, minutes: float, swap_every_s: float, **options) -> dict:
+    """The HIL soak check across swaps, wherever the plugin's target runs its checks (the local target in the pytest
+    process, the box's agent for ``--edgehft-host``): :func:`soak_swaps` on ``runner``'s bundle with its thread
+    count, in a fresh temporary install directory (removed after: a box's own install directory and its active
+    version are never touched), and ``runner``'s board fields. ``options``: :func:`edgehft.hil.checks.soak`'s
+    (``ticks``, ``intervals``, ``warmup``, ``speed``, ``max_p99_drift``, ``max_rss_growth_mb``, ``run_features``).
+
+    Returns:
+        :func:`soak_swaps`' dict with ``board``, ``emulated``, ``bundle``, ``model_sha256`` from ``runner``.
+    Raises:
+        what :func:`soak_swaps` raises.
+    """
+    from edgehft.hil.checks import runner_info
+    res = soak_swaps(runner.bundle.path, minutes, swap_every_s, threads=getattr(runner, "threads", 1), **options)
+    return {**res, **runner_info(runner)}
+
 def _serve_soak(srv, root: Path, bundle_path: Path, windows, several: bool, gaps, tries: _Tries, errors: list,
                 o: dict) -> dict:
     """The soak on server ``srv``: warm-up calls, the installer thread started, the intervals run from this thread

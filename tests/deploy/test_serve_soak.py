@@ -18,6 +18,7 @@ from edgehft.compiler.pipeline import CompileOptions, compile_model
 from edgehft.errors import InputError
 from edgehft.serving import ShadowPolicy
 from edgehft.serving.soak import PHASES, hist_summary, parse_duration, soak_swaps, _bins, _BINS
+from deploy_box import box, deployed  # noqa: F401 (fixtures)
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow
@@ -151,3 +152,28 @@ def test_hil_soak_check_across_swaps(pytester, mlp_float, monkeypatch):
                                         f"--edgehft-bundle={mlp_float}", "--edgehft-soak-swap-every=4", timeout=300)
     assert bad.ret != 0
     bad.stderr.fnmatch_lines(["*--edgehft-soak-swap-every 4.0: give seconds > 0, with --edgehft-soak MINUTES*"])
+
+
+@pytest.mark.needs("board-venv")
+def test_hil_soak_across_swaps_runs_on_the_box(pytester, box, mlp_float, monkeypatch):
+    """``--edgehft-host box --edgehft-soak 0.2 --edgehft-soak-swap-every 4``: the box's agent serves its active
+    bundle with its own edgehft.serve in a temporary install directory and installs it again there every 4 s (the
+    board venv's Python); the result comes back from the box, and the box's own install directory is as deployed
+    (the same versions, current on the deployed one)."""
+    sshd, cfg, root = box
+    v = deployed(box, mlp_float)["version"]
+    before = sorted(p.name for p in (root / "versions").iterdir())
+    monkeypatch.setenv("COLUMNS", "400")
+    out = pytester.path / "hil.json"
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--edgehft-board=cpu", "--edgehft-host=box",
+                                      f"--edgehft-ssh-config={cfg}", f"--edgehft-remote-python={sshd.python}",
+                                      f"--edgehft-install-dir={root}", "--edgehft-checks=none", "--edgehft-soak=0.2",
+                                      "--edgehft-soak-swap-every=4", "--edgehft-soak-max-drift=1e6",
+                                      "--edgehft-soak-max-growth-mb=1024", f"--edgehft-json={out}", timeout=600)
+    r.assert_outcomes(passed=1)
+    s = json.loads(out.read_text())["checks"]["soak"]
+    assert s["ok"] is True and s["swapped"] >= 1 and s["refused"] == 0 and s["failed_calls"] == 0, s["failures"]
+    assert (s["host"], s["board"], s["bundle"], s["swap_every_s"]) == ("box", "cpu", str(root / "versions" / v), 4.0)
+    assert s["install_dir"] is None and len(s["intervals"]) == 10 and s["calls"] > 0
+    assert sorted(p.name for p in (root / "versions").iterdir()) == before
+    assert (root / "current").resolve().name == v
