@@ -49,6 +49,9 @@ def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_win
     partition it, and write a bundle."""
     from edgehft.compiler.pipeline import CompileOptions, compile_model
     from edgehft.report import print_report
+    if not calib and not str(model).endswith(".tflite"):
+        raise click.UsageError("Missing option '--calib': calibration ticks (tick windows .npy/.npz, or raw feeds "
+                               "with --features) quantize a Keras model; only a quantized .tflite is taken without")
     if sign_key:
         from edgehft.signing import check_tool
         check_tool()                # a missing or too old ssh-keygen is said before the compile, not after

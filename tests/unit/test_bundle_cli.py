@@ -85,3 +85,12 @@ def test_not_a_bundle_exit_code(tmp_path):
     res = CliRunner().invoke(main, ["run", str(tmp_path), "--golden", "--json"])
     assert res.exit_code == 6
     assert json.loads(res.output)["type"] == "BundleError"
+
+
+def test_compile_without_calib_is_a_usage_error(tmp_path):
+    """A Keras model without --calib: exit 2 (a missing required option, as the README's exit codes say), before
+    anything is loaded; the message names the option."""
+    res = CliRunner().invoke(main, ["compile", str(DEEPLOB / "deeplob.keras"), "--board", "cpu", "--out",
+                                    str(tmp_path / "b")])
+    assert res.exit_code == 2 and "Missing option '--calib'" in res.output, res.output
+    assert not (tmp_path / "b").exists()
