@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -37,6 +38,8 @@ from edgehft.errors import EdgeHFTError
 @click.option("--lowering", type=click.Choice(["auto", "native"]), default="auto", show_default=True,
               help="native: no tf-keras rebuild and no pre-conversion checks; the graph goes to the "
                    "converter as is (diagnosis only).")
+@click.option("--force", is_flag=True,
+              help="Replace a bundle already in --out that was compiled for another board or from another model.")
 @board_opts("compile")
 @click.option("--sign", "sign_key", type=click.Path(exists=True, dir_okay=False), default=None, metavar="KEY",
               help="Sign the bundle's manifest with this SSH key (ssh-keygen -Y sign, namespace edgehft-bundle) "
@@ -44,7 +47,7 @@ from edgehft.errors import EdgeHFTError
 @json_opt
 @handles_errors
 def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_windows, drift_windows, golden_count,
-                drift_threshold, strict, timeout_s, lowering, sign_key, as_json, **board_values):
+                drift_threshold, strict, timeout_s, lowering, force, sign_key, as_json, **board_values):
     """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
     partition it, and write a bundle."""
     from edgehft.compiler.pipeline import CompileOptions, compile_model
@@ -52,6 +55,8 @@ def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_win
     if not calib and not str(model).endswith(".tflite"):
         raise click.UsageError("Missing option '--calib': calibration ticks (tick windows .npy/.npz, or raw feeds "
                                "with --features) quantize a Keras model; only a quantized .tflite is taken without")
+    if not force:
+        _check_replace(Path(model), board, Path(out_dir))
     if sign_key:
         from edgehft.signing import check_tool
         check_tool()                # a missing or too old ssh-keygen is said before the compile, not after
@@ -97,3 +102,28 @@ def _sign_compiled(bundle_path, key) -> dict:
         exc.args = (f"{exc.args[0]} (the bundle {bundle_path} was written, unsigned)",)
         exc.hint = f"{exc.hint}; then: edgehft sign {bundle_path} --key KEY" if exc.hint else None
         raise
+
+
+def _check_replace(model: Path, board: str, out_dir: Path) -> None:
+    """Refuse (exit 3) to replace the bundle in ``out_dir`` when it was compiled for another board or from another
+    model (its manifest's ``board`` and ``source.sha256``), or when its manifest cannot be read; nothing there is
+    touched. A bundle of the same board and model is replaced as before (a new compile of it)."""
+    from edgehft.bundle import MANIFEST
+    from edgehft.compiler.pipeline import model_sha256
+    from edgehft.errors import InputError
+    path = out_dir / MANIFEST
+    if not path.is_file():
+        return
+    hint = f"choose another --out, or pass --force to replace {out_dir}"
+    try:
+        m = json.loads(path.read_text())
+        was_board, src = str(m["board"]), m["source"]
+        was_model, was_sha = str(src["file"]), str(src["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{out_dir} holds a bundle whose manifest cannot be read ({type(exc).__name__}): not "
+                         "replaced", hint=hint) from None
+    if was_board != board:
+        raise InputError(f"{out_dir} holds a bundle for board {was_board}, not {board}: not replaced", hint=hint)
+    if was_sha != model_sha256(model):
+        raise InputError(f"{out_dir} holds a bundle of another model ({was_model}, sha256 {was_sha[:12]}…) than "
+                         f"{model.name}: not replaced", hint=hint)

@@ -513,7 +513,7 @@ def _evaluate(model_file: Path, quant: str, where: Path, *, model, info, board, 
 
 def _source_model(model: Path, info: dict) -> SourceModel:
     """The manifest's record of the model compiled (file name, hash, flavour, lowering)."""
-    return SourceModel(file=model.name, sha256=_model_sha(model), flavour=info["flavour"], lowering=info["lowering"])
+    return SourceModel(file=model.name, sha256=model_sha256(model), flavour=info["flavour"], lowering=info["lowering"])
 
 
 def _quantization(quant: str, cal, held, source: list) -> Quantization:
@@ -623,7 +623,9 @@ def _io_names(g, indices) -> list[str]:
     return [s if short.count(s) == 1 else g.tensors[i].name for s, i in zip(short, indices)]
 
 
-def _model_sha(model: Path) -> str:
+def model_sha256(model: Path) -> str:
+    """The SHA-256 (hex) a bundle's ``source.sha256`` records for ``model``: the file's, or for a directory (a
+    SavedModel) the hash over each file's relative path and SHA-256 in sorted order."""
     if model.is_file():
         return sha256_file(model)
     import hashlib

@@ -192,3 +192,27 @@ def test_a_model_already_compiled_for_the_edge_tpu_is_refused(tmp_path, board):
     with pytest.raises(InputError, match=r"is already compiled for the Edge TPU") as e:
         compile_model(compiled, [], tmp_path / "b", CompileOptions(board=board))
     assert e.value.exit_code == 3 and "edgehft report" in e.value.hint and not (tmp_path / "b").exists()
+
+
+def test_compile_onto_a_bundle_of_another_board_or_model_needs_force(tmp_path, monkeypatch):
+    """``compile --out DIR`` where DIR holds a bundle of another board, of another model, or one whose manifest
+    cannot be read: exit 3 naming what is there, nothing touched; ``--force`` replaces it; a bundle of the same
+    board and model is replaced without it (a new compile of the same thing)."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    cli, out = CliRunner(), tmp_path / "b"
+    out.mkdir()
+    for manifest, said in [({"board": "cpu", "source": {"file": LSTM.name, "sha256": "0" * 64}},
+                            "holds a bundle for board cpu, not coral-usb"),
+                           ({"board": "coral-usb", "source": {"file": "other.keras", "sha256": "ab" * 32}},
+                            "holds a bundle of another model (other.keras, sha256 abababababab…) than " + LSTM.name),
+                           ("{not json", "holds a bundle whose manifest cannot be read (JSONDecodeError)")]:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        (out / "manifest.json").write_text(text)
+        res = cli.invoke(main, ["compile", str(LSTM), "--board", "coral-usb", "--out", str(out)])
+        assert res.exit_code == 3 and said in _text(res) and "--force" in _text(res), res.output
+        assert (out / "manifest.json").read_text() == text and sorted(p.name for p in out.iterdir()) == ["manifest.json"]
+    res = cli.invoke(main, ["compile", str(LSTM), "--board", "coral-usb", "--out", str(out), "--force"])
+    assert res.exit_code == 0, res.output
+    assert load_bundle(out).manifest.board == "coral-usb"
+    res = cli.invoke(main, ["compile", str(LSTM), "--board", "coral-usb", "--out", str(out)])
+    assert res.exit_code == 0, res.output
