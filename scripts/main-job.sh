@@ -5,7 +5,7 @@ source "$(dirname "$0")/venv.sh" compile,bench
 D=examples/deeplob/data
 mkdir -p build
 .venv/bin/edgehft compile examples/deeplob/deeplob.keras --board cpu \
-    --calib $D/btcusd_perp_20240808_depth.gz --out build/deeplob.cpu
+    --calib $D/btcusd_perp_20240808_depth.gz --out build/deeplob.cpu --force   # the job owns build/deeplob.cpu
 .venv/bin/edgehft run build/deeplob.cpu --golden
 # The feeds are raw captures: --run-features lets the bundle's own feature pipeline (features/features.py, a
 # hash-checked copy of examples/deeplob/features.py) turn them into windows. Without it edgehft runs no code
