@@ -61,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgehft.errors import EdgeHFTError, InputError
+from edgehft.errors import EdgeHFTError, InputError, RunnerStateError
 from edgehft.serving.watch import LinkWatch, current_version
 
 log = logging.getLogger("edgehft.serving")
@@ -125,6 +125,26 @@ class _Version:
         for r in (self.stream, self.runner, self.reference):
             if r is not None:
                 r.close()
+
+
+def _rel_mae(o, ref: np.ndarray) -> float:
+    """An output's MAE relative to the active version's output range over the shadow run; where that range is 0
+    (every window alike, e.g. a quiet feed), relative to the outputs' largest magnitude, and infinite where those
+    are all 0 and the candidate's are not: a candidate is never judged equal just because the inputs did not vary."""
+    if o.float_range > 0 or o.max_abs == 0:
+        return o.mae_rel
+    m = float(np.abs(ref).max()) if ref.size else 0.0
+    return o.mae / m if m > 0 else float("inf")
+
+
+def _interface_change(active, cand) -> str:
+    """What a caller of ``active`` would see change with ``cand`` (two bundle manifests): "inputs", "outputs",
+    "inputs and outputs" (their count, order, names or shapes), or "" when nothing. Dtypes and quantization may
+    differ (another plan: ``predict`` takes and returns float32 either way)."""
+    def sig(specs):
+        return [(s.name, tuple(s.shape)) for s in specs]
+    moved = [k for k in ("inputs", "outputs") if sig(getattr(active, k)) != sig(getattr(cand, k))]
+    return " and ".join(moved)
 
 
 def _now() -> str:
@@ -234,6 +254,8 @@ class Server:
     def rollback(self, why: str = "asked by the caller") -> str:
         """Swap back to the previous version at once; returns the version now active. The version swapped out
         is not retried until ``current`` moves again. Raises InputError when there is no previous version."""
+        if self._stop.is_set():
+            raise RunnerStateError("the server is closed", hint="serve the install dir again: edgehft.serve(dir)")
         with self._lock:
             if self._previous is None:
                 raise InputError("nothing to roll back to: no version was swapped out yet",
@@ -355,17 +377,19 @@ class Server:
         if vid is None or vid == self._active.vid or vid in self._refused:
             return
         if self._previous is not None and vid == self._previous.vid:
-            self._swap_back("the box's current link went back to it")
+            self._swap_back("the box's current link went back to it", expect_active=self._active.vid)
             return
         self._try(vid)
 
-    def _swap_back(self, why: str, refuse_out: bool = False) -> bool:
+    def _swap_back(self, why: str, refuse_out: bool = False, expect_active: str | None = None) -> bool:
         """The manager's swap back to the previous version (stream mode: its stream handed over to the caller's
-        next push). False when there is none yet (stream mode: the last swap's stream not taken yet)."""
+        next push). False when there is none yet (stream mode: the last swap's stream not taken yet), or when
+        ``expect_active`` is given and another version is active by now (a caller's :meth:`rollback` came
+        first: swapping again would bring back the version it judged)."""
         if self._lane is not None and self._prev_feed is None:
             return False                      # the caller has not taken the last swap's stream yet: next round
         with self._lock:
-            if self._previous is None:
+            if self._previous is None or (expect_active is not None and self._active.vid != expect_active):
                 return False
             out = self._active
             self._active, self._previous, self._breach = self._previous, out, None
@@ -386,6 +410,11 @@ class Server:
             cand = _Version(self.root, vid, self._open_kw)
         except EdgeHFTError as exc:
             self._refuse(vid, f"it does not open: {exc.args[0]}")
+            return
+        change = _interface_change(self._active.runner.bundle.manifest, cand.runner.bundle.manifest)
+        if change:
+            self._refuse(vid, f"its {change} differ from the active version's: a caller written for one would break "
+                              "on the other (serve it from a new process)", cand)
             return
         try:
             g = check_golden(cand.runner)
@@ -483,9 +512,12 @@ class Server:
         cand_outs = [np.concatenate([p[1][k] for p in pairs]) for k in range(len(names))]
         drift = measure_drift(ref_outs, cand_outs, names, [False] * len(names), pol.max_rel_mae,
                               self._active.vid, cand.vid)
-        if not drift.passed:
-            worst = max(drift.outputs, key=lambda o: o.mae_rel)
-            why.append(f"outputs differ from the active version's: relative MAE {worst.mae_rel:.3%} on {worst.name} "
+        rel = [_rel_mae(o, r) for o, r in zip(drift.outputs, ref_outs)]
+        worst = int(np.argmax(rel))
+        if rel[worst] > pol.max_rel_mae:
+            o = drift.outputs[worst]
+            of = "" if o.float_range > 0 else " of the outputs' magnitude (the active version's did not vary)"
+            why.append(f"outputs differ from the active version's: relative MAE {rel[worst]:.3%}{of} on {o.name} "
                        f"(gate {pol.max_rel_mae:.3%})")
         lat_us = summarize_us(np.asarray(lat, np.int64))
         active_us = summarize_us(np.asarray(ref_lat, np.int64)) if ref_lat else None
@@ -496,7 +528,7 @@ class Server:
                 why.append(f"{'p99.9' if key == 'p999' else key} {v['value_us']:.1f} µs over the budget "
                            f"{v['budget_us']:g} µs ({judged['budget_from']})")
         return {"ok": not why, "why": why, "live_calls": live, "golden_calls": len(pairs) - live,
-                "rel_mae": max(o.mae_rel for o in drift.outputs), "max_abs": max(o.max_abs for o in drift.outputs),
+                "rel_mae": float(min(max(rel), 1e9)), "max_abs": max(o.max_abs for o in drift.outputs),
                 "latency_us": lat_us, "active_latency_us": active_us, **judged}
 
     def _swap_in(self, cand: _Version, verdict: dict, feed=None) -> None:
@@ -517,18 +549,20 @@ class Server:
         over it: back to the previous version at once."""
         from edgehft.bench.replay import summarize_us
         from edgehft.hil.checks import judge_latency
-        b = self._breach
-        if b is None or len(b) < self.policy.breach_calls:
-            return
-        self._breach = None
+        with self._lock:                       # the calls and the version they timed, as one (rollback() resets both)
+            b, judged_v = self._breach, self._active
+            if b is None or len(b) < self.policy.breach_calls:
+                return
+            self._breach = None
         lat = summarize_us(np.asarray(b, np.int64))
-        judged = judge_latency(self._active.runner, lat, self.policy.budget_p99_us, self.policy.budget_p999_us)
+        judged = judge_latency(judged_v.runner, lat, self.policy.budget_p99_us, self.policy.budget_p999_us)
         for key, v in judged["verdicts"].items():
             hold_few_calls(v, key, len(b))
         over = [k for k, v in judged["verdicts"].items() if not v["ok"]]
         if over and self._previous is not None:
-            self._emit("breach", self._active.vid, latency_us=lat, over=over, budget_us=judged["budget_us"])
-            self._swap_back(f"breach after the swap: {', '.join(over)} over the budget", refuse_out=True)
+            self._emit("breach", judged_v.vid, latency_us=lat, over=over, budget_us=judged["budget_us"])
+            self._swap_back(f"breach after the swap: {', '.join(over)} over the budget", refuse_out=True,
+                            expect_active=judged_v.vid)
 
     def _close_retired(self) -> None:
         now, keep = time.monotonic(), []

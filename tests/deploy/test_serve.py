@@ -191,3 +191,77 @@ def test_local_installs_swap_with_the_poll_watch(bundles, windows, tmp_path):
         Store(root).rollback()
         _call_until(srv, windows, lambda: _event(srv, "rolled_back") is not None, timeout=30)   # emitted after the swap
         assert srv.active == a and _event(srv, "rolled_back", a)["from_version"] == b
+
+
+def _served_from(bundles, root, **kw):
+    from edgehft.deploy.local import install_local
+    a = install_local(root, bundles["v1"])["version"]
+    return a, edgehft.serve(root, policy=ShadowPolicy(**FAST), watch="poll", poll_s=0.05, **kw)
+
+
+@pytest.fixture(scope="module")
+def mlp_int8(mlp, tmp_path_factory):
+    """The example MLP (64 -> ... -> 1: one output value per window) for the cpu board, int8."""
+    from edgehft.compiler.pipeline import CompileOptions, compile_model
+    out = tmp_path_factory.mktemp("serve_mlp") / "mlp.int8"
+    compile_model(mlp / "mlp.keras", [mlp / "x.npy"], out,
+                  CompileOptions(board="cpu", quant="int8", calib_windows=64, drift_windows=64, golden_count=8))
+    return out
+
+
+def test_a_drifting_version_is_refused_on_a_quiet_feed(mlp, mlp_int8, tmp_path):
+    """Every live window the same (a quiet or stale feed) into a model of one output value: the active version's
+    outputs do not vary over the shadow run, so the drift is judged against their magnitude, and B (outputs x 1.5)
+    is refused, not passed at 0 %."""
+    from edgehft.deploy.local import install_local
+    root = tmp_path / "install"
+    a, srv = _served_from({"v1": resign(mlp_int8, tmp_path / "a", tag="a")}, root)
+    with srv:
+        install_local(root, resign(mlp_int8, tmp_path / "drift", _scaled_output, tag="quiet"))
+        one = np.repeat(np.load(mlp / "x.npy")[:1].astype(np.float32), 4, axis=0)      # (4, 64): one window
+        caller = _call_until(srv, one, lambda: _event(srv, "refused") or _event(srv, "swapped"))
+        r = _event(srv, "refused")
+        assert r is not None and "of the outputs' magnitude (the active version's did not vary)" in r["why"], srv.events
+        assert srv.active == a and caller["failed"] == []
+
+
+def _renamed_output(d):
+    """The output renamed in the manifest and the golden vectors: the same model behind another interface."""
+    m = json.loads((d / "manifest.json").read_text())
+    old = m["outputs"][0]["name"]
+    m["outputs"][0]["name"] = old + "_renamed"
+    (d / "manifest.json").write_text(json.dumps(m, indent=1))
+    with np.load(d / "golden.npz") as z:
+        arrays = {k.replace(f"outputs/{old}", f"outputs/{old}_renamed"): z[k].copy() for k in z.files}
+    np.savez(d / "golden.npz", **arrays)
+
+
+def test_a_version_with_other_outputs_is_refused(bundles, windows, tmp_path):
+    """B's outputs are not the active version's (here renamed): a caller written for A would break on B, so B is
+    refused before its shadow run, naming why, and A keeps serving."""
+    from edgehft.deploy.local import install_local
+    root = tmp_path / "install"
+    a, srv = _served_from(bundles, root)
+    with srv:
+        install_local(root, resign(bundles["v1"], tmp_path / "renamed", _renamed_output, tag="renamed"))
+        _call_until(srv, windows, lambda: _event(srv, "refused") or _event(srv, "swapped"))
+        r = _event(srv, "refused")
+        assert r is not None and r["why"].startswith("its outputs differ from the active version's"), srv.events
+        assert _event(srv, "shadow") is None and srv.active == a
+
+
+def test_a_late_swap_back_never_undoes_a_rollback(bundles, windows, tmp_path):
+    """The manager's swap back (a breach, or current going back) is for the version it judged: after the caller's
+    rollback() made A active again, a swap back meant for B does nothing; a closed server refuses rollback()."""
+    from edgehft.deploy.local import install_local
+    from edgehft.errors import RunnerStateError
+    root = tmp_path / "install"
+    a, srv = _served_from(bundles, root)
+    with srv:
+        b = install_local(root, bundles["v1"])["version"]
+        _call_until(srv, windows, lambda: _event(srv, "swapped", b) or _event(srv, "refused"))
+        assert srv.active == b and srv.rollback() == a
+        assert srv._swap_back("breach after the swap: p99 over the budget", refuse_out=True, expect_active=b) is False
+        assert (srv.active, srv.previous) == (a, b)
+    with pytest.raises(RunnerStateError, match="closed"):
+        srv.rollback()
