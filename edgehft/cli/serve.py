@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import click
 
@@ -29,8 +30,7 @@ def _event_printer(as_json: bool, events_path):
     def emit(e: dict, own: bool = False) -> None:
         line = json.dumps(e, default=str) if as_json else text(e)
         with lock:
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+            _write_stdout(line)
             if own and events_path:
                 try:
                     with open(events_path, "a") as f:
@@ -38,6 +38,23 @@ def _event_printer(as_json: bool, events_path):
                 except OSError:
                     pass
     return emit
+
+
+def _write_stdout(line: str) -> None:
+    """One line on stdout; when the reader has gone (a closed pipe: ``| head``), stdout becomes /dev/null, said once
+    on stderr, and the sidecar goes on serving (its events still go to --events)."""
+    try:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())      # also for the interpreter's own flush at exit
+        except (OSError, ValueError):
+            pass
+        finally:
+            os.close(devnull)
+        sys.stderr.write("edgehft serve: stdout was closed; events go on to --events only\n")
 
 
 def _check_core(core, what: str) -> None:
@@ -95,7 +112,7 @@ def serve_cmd(install_dir, socket_path, group, shadow_calls, shadow_seconds, max
     --socket, or the model's request or reply is over the largest datagram here; 0 after SIGTERM/SIGINT."""
     import edgehft
     from edgehft.serving import ShadowPolicy
-    from edgehft.serving.sidecar import Sidecar
+    from edgehft.serving.sidecar import Sidecar, release_socket
     _check_core(core, "--core")
     _check_core(shadow_core, "--shadow-core")
     emit = _event_printer(as_json, events_path)
@@ -103,16 +120,24 @@ def serve_cmd(install_dir, socket_path, group, shadow_calls, shadow_seconds, max
                           min_calls=min(ShadowPolicy.min_calls, shadow_calls),
                           max_rel_mae=max_rel_mae, budget_p99_us=budget_p99_us, budget_p999_us=budget_p999_us)
     signers = click.get_current_context().meta.get("edgehft.require_signature")
+    path = socket_path or os.path.join(install_dir, "serve.sock")
+    sock = _claim_socket(install_dir, path, group)
     state = _catch_signals()                     # before anything can be asked to stop: exit 0 from here on
     try:
-        srv = edgehft.serve(install_dir, policy=policy, on_event=emit, events_path=events_path, threads=threads,
-                            require_signature=signers, shadow_core=shadow_core)
         try:
-            path = socket_path or os.path.join(install_dir, "serve.sock")
-            car = Sidecar(srv, path, group=group, spin=spin,
+            srv = edgehft.serve(install_dir, policy=policy, on_event=emit, events_path=events_path, threads=threads,
+                                require_signature=signers, shadow_core=shadow_core)
+        except BaseException:
+            if sock is not None:
+                release_socket(*sock)
+            raise
+        try:
+            car = Sidecar(srv, path, group=group, spin=spin, sock=None if sock is None else sock[0],
                           on_event=lambda e: emit({"time_utc": _utc(), **e, "core": core}, True))
         except BaseException:
             srv.close()
+            if sock is not None:
+                release_socket(*sock)
             raise
         _serve(srv, car, state, core)
     finally:
@@ -120,6 +145,18 @@ def serve_cmd(install_dir, socket_path, group, shadow_calls, shadow_seconds, max
             signal.signal(sig, old)
     emit({"event": "stopped", "version": srv.active, "time_utc": _utc(), "why": state["signal"] or "stopped",
           "counters": car.counters}, True)
+
+
+def _claim_socket(install_dir, path: str, group):
+    """The socket bound before the model is opened, so a busy socket, a path that is not one or an unknown group is
+    said before the server starts (no ``serving`` event from a process that never serves): ``(sock, path, inode)``;
+    None when nothing is deployed in ``install_dir`` (edgehft.serve then says so)."""
+    from edgehft.serving.sidecar import bind_socket
+    from edgehft.serving.watch import current_version
+    if current_version(Path(install_dir)) is None:
+        return None
+    sock = bind_socket(path, group)
+    return sock, path, os.stat(path).st_ino
 
 
 def _catch_signals() -> dict:

@@ -250,6 +250,17 @@ def bind_socket(path: str, group=None, sndbuf: int = WANT_SNDBUF) -> socket.sock
     return sock
 
 
+def release_socket(sock: socket.socket, path: str, ino: int) -> None:
+    """Close ``sock`` (from :func:`bind_socket`) and remove its file at ``path`` if it is still the one bound then
+    (inode ``ino``: ``os.stat(path).st_ino`` right after the bind)."""
+    sock.close()
+    try:
+        if os.stat(path).st_ino == ino:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
 class Sidecar:
     """The serving loop of ``edgehft serve``: ``server`` (a :class:`~edgehft.serving.Server`) answers the requests
     arriving on a Unix datagram socket at ``path`` (protocol: the module docstring). :meth:`serve_forever` runs the
@@ -259,11 +270,12 @@ class Sidecar:
     Raises (at construction): what :func:`bind_socket` raises; BoardUnavailableError when the active version's
     request or reply does not fit a datagram here (:func:`check_fits`)."""
 
-    def __init__(self, server, path, *, group=None, sndbuf: int = WANT_SNDBUF, on_event=None, spin: bool = False):
+    def __init__(self, server, path, *, group=None, sndbuf: int = WANT_SNDBUF, on_event=None, spin: bool = False,
+                 sock: socket.socket | None = None):
         self.server, self.path, self.spin = server, str(path), bool(spin)
         self.counters = dict(requests=0, predictions=0, errors=0, malformed=0, dropped=0, control=0, reply_failed=0)
         self._stopping, self._specs = False, None
-        self._sock = bind_socket(self.path, group, sndbuf)
+        self._sock = sock if sock is not None else bind_socket(self.path, group, sndbuf)   # sock: bound at path
         self._ino = os.stat(self.path).st_ino
         try:
             self.sndbuf = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)

@@ -240,7 +240,8 @@ def test_a_signal_stops_it_with_exit_0_and_removes_the_socket(served, windows, s
 
 def test_start_up_failures_have_their_exit_codes(served, tmp_path):
     """Nothing deployed 3, a live sidecar on the socket 7, a --socket that is not a socket 3, a --core not allowed
-    3: the last JSON line is the error (a server that opened said "serving" first)."""
+    3: the one JSON line is the error; the socket is claimed before the model opens, so nothing says "serving" and
+    nothing is appended to the live sidecar's --events file."""
     car, _, root = served
 
     def last(res):
@@ -250,11 +251,13 @@ def test_start_up_failures_have_their_exit_codes(served, tmp_path):
     empty.mkdir()
     res = cli.invoke(main, ["serve", str(empty), "--json"])
     assert res.exit_code == 3 and "nothing is deployed" in last(res)["error"]
-    res = cli.invoke(main, ["serve", str(root), "--json"])                        # the live sidecar's socket
+    log = tmp_path / "events.jsonl"
+    res = cli.invoke(main, ["serve", str(root), "--json", "--events", str(log)])  # the live sidecar's socket
     assert res.exit_code == 7 and "another process serves on it" in last(res)["error"]
+    assert len(res.output.splitlines()) == 1 and not log.exists()
     (tmp_path / "plain").write_text("")
     res = cli.invoke(main, ["serve", str(root), "--socket", str(tmp_path / "plain"), "--json"])
-    assert res.exit_code == 3 and "is not a socket" in last(res)["error"]
+    assert res.exit_code == 3 and "is not a socket" in last(res)["error"] and len(res.output.splitlines()) == 1
     res = cli.invoke(main, ["serve", str(root), "--core", str(max(os.sched_getaffinity(0)) + 1), "--json"])
     assert res.exit_code == 3 and "not a CPU this process may run on" in last(res)["error"]
     with SidecarClient(car.sock) as c:                                            # still serving
@@ -276,3 +279,28 @@ def test_the_datagram_limit_is_checked_against_the_model():
         assert a.send(b"\0" * limit) == limit and len(b.recv(limit + 1)) == limit
         with pytest.raises(OSError):
             a.send(b"\0" * (limit + 1), socket.MSG_DONTWAIT)
+
+
+def test_a_closed_stdout_does_not_stop_it(versions, windows, tmp_path):
+    """``edgehft serve ... | head -1``: the reader goes away after the first line; the sidecar says so once on
+    stderr, keeps serving (events to --events only, no traceback) and still exits 0 on SIGTERM, removing the
+    socket."""
+    root = tmp_path / "box"
+    install_local(root, versions["v1"])
+    log = tmp_path / "events.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "edgehft", "serve", str(root), "--events", str(log)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.readline()                                   # "serving"
+    proc.stdout.close()                                      # the reader is gone
+    sock = str(root / "serve.sock")
+    t0 = time.monotonic()
+    while not (log.exists() and "listening" in log.read_text()) and time.monotonic() - t0 < 60:
+        time.sleep(0.05)
+    with SidecarClient(sock, timeout=5.0) as c:
+        assert c.predict(windows[0]).shape == (1, 1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    err = proc.stderr.read()
+    assert "stdout was closed; events go on to --events only" in err and "Traceback" not in err, err
+    assert [json.loads(x)["event"] for x in log.read_text().splitlines()][-1] == "stopped"
+    assert not os.path.exists(sock)
