@@ -37,7 +37,8 @@ the first swap each push also logs a copy of its row and output (the previous ve
 from that log for an instant rollback).
 
 Every step is an event (``{"event", "version", "time_utc", ...figures}``: ``serving``, ``loaded``, ``shadow``,
-``swapped``, ``refused``, ``rolled_back``, ``breach``, ``error``), kept in :attr:`Server.events`, logged on the
+``swapped``, ``refused``, ``rolled_back``, ``breach``, ``error``), kept in :attr:`Server.events` (the newest
+:data:`MAX_EVENTS`), logged on the
 ``edgehft.serving`` logger, appended to ``events_path`` (JSON lines) when given and passed to ``on_event``.
 
 Off the caller's path, with a cost: the manager is a Python thread, so while it works it competes for the GIL
@@ -147,6 +148,9 @@ def _interface_change(active, cand) -> str:
     return " and ".join(moved)
 
 
+MAX_EVENTS = 10_000      # events kept in Server.events (a server that runs for months; the log file keeps all)
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -176,7 +180,7 @@ class Server:
         if vid is None:
             raise InputError(f"nothing is deployed under {self.root}: no 'current' link",
                              hint="edgehft deploy BUNDLE --host BOX puts a version there first")
-        self.events: list = []
+        self.events = collections.deque(maxlen=MAX_EVENTS)   # the newest; all of them go to events_path/on_event
         self._lock = threading.Lock()          # the manager's and rollback()'s swaps (never predict)
         self._active, self._previous = _Version(self.root, vid, self._open_kw), None
         self._tap = self._breach = None        # the shadow run's input queue; the caller's latencies after a swap
@@ -208,6 +212,24 @@ class Server:
         if tap is not None:
             tap.append(tuple(np.array(w, copy=True) for w in windows))
         return y
+
+    def predict_many(self, windows) -> list:
+        """``predict_many`` of the active version's runner (:meth:`edgehft.runtime.base.Runner.predict_many`: one
+        result per window, as one batch only where that was measured faster on this box): several instruments in
+        one call that follows the swaps like :meth:`predict`. While a shadow run is armed each window is also copied
+        for the candidate (as a ``predict`` of it); after a swap the whole call is timed for the breach watch.
+
+        Raises: what the runner's ``predict_many`` raises."""
+        v, breach = self._active, self._breach
+        t0 = time.perf_counter_ns()
+        ys = v.runner.predict_many(windows)
+        if breach is not None:
+            breach.append(time.perf_counter_ns() - t0)
+        tap = self._tap
+        if tap is not None:
+            for w in windows:
+                tap.append(tuple(np.array(x, copy=True) for x in (w if isinstance(w, tuple) else (w,))))
+        return ys
 
     def push(self, row):
         """Stream mode (``stream=True``): the window's newest row into the active version's stream; its output

@@ -265,3 +265,21 @@ def test_a_late_swap_back_never_undoes_a_rollback(bundles, windows, tmp_path):
         assert (srv.active, srv.previous) == (a, b)
     with pytest.raises(RunnerStateError, match="closed"):
         srv.rollback()
+
+
+def test_predict_many_follows_the_swaps(bundles, windows, tmp_path):
+    """Server.predict_many: one result per window, equal to predict of each, from the active version (after a swap,
+    the new one); its windows feed the shadow run like predict's."""
+    from edgehft.deploy.local import install_local
+    root = tmp_path / "install"
+    a, srv = _served_from(bundles, root)
+    with srv:
+        ws = [windows[i][None] for i in range(3)]
+        assert all(np.array_equal(y, srv.predict(w)) for y, w in zip(srv.predict_many(ws), ws))
+        b = install_local(root, bundles["v1"])["version"]
+        t0 = time.monotonic()
+        while not (_event(srv, "swapped", b) or _event(srv, "refused")) and time.monotonic() - t0 < 120:
+            srv.predict_many(ws)
+        sh = _event(srv, "shadow", b)
+        assert sh is not None and sh["live_calls"] == FAST["calls"] and srv.active == b, srv.events
+        assert all(np.array_equal(y, srv.predict(w)) for y, w in zip(srv.predict_many(ws), ws))
