@@ -45,6 +45,9 @@ h = keras.layers.Dense(128, activation="relu")(inp)   # > 1024 weights: dynamic 
 mlp = keras.Model(inp, keras.layers.Dense(1, name="signal")(h))
 mlp.save(out / "k3_mlp.keras")
 mlp.export(out / "k3_mlp_savedmodel")                  # a plain SavedModel: no Keras metadata
+inp = keras.Input((16,), name="features")               # two heads of one value each: the converter lists them (b, a)
+h = keras.layers.Dense(32, activation="relu")(inp)
+keras.Model(inp, [keras.layers.Dense(1, name="a")(h), keras.layers.Dense(1, name="b")(h)]).save(out / "k3_two_heads.keras")
 
 tf_keras.utils.set_random_seed(1)
 inp = tf_keras.Input((20, 8), name="x")

@@ -129,11 +129,12 @@ def convert(req: dict, out: Path) -> None:
         raise errors.InputError(f"calibration windows have shape {calib.shape[1:]}, the model takes {in_shape}",
                                 hint="check the feature pipeline or the .npy given to --calib")
     quant = req["quant"]
-    flat = _convert(converter, quant, calib, req, out)
+    keys = out_names if model is None else None           # a SavedModel's signature keys; Keras: output_0, 1, ...
+    flat = outputs_in_order(_convert(converter, quant, calib, req, out), keys)
     for plan in req.get("plans", []):                    # cpu board --quant auto: the candidate plans
         if plan != quant:
             again = tf.lite.TFLiteConverter.from_concrete_functions([concrete], convertible)
-            (out / f"model_{plan}.tflite").write_bytes(_convert(again, plan, calib, req, out))
+            (out / f"model_{plan}.tflite").write_bytes(outputs_in_order(_convert(again, plan, calib, req, out), keys))
     (out / "model.tflite").write_bytes(flat)
     np.savez(out / "float_outputs.npz", **{f"out{i}": y for i, y in enumerate(float_outs)})
     info = {"flavour": flavour, "lowering": lowering, "input_names": [in_name], "input_shape": list(in_shape),
@@ -158,6 +159,34 @@ def _onnx(req: dict, out: Path, src, in_shape, in_name: str, held: np.ndarray, f
         for name in ("model.onnx", "onnx_outputs.npz"):
             (out / name).unlink(missing_ok=True)
         return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"}
+
+
+def outputs_in_order(flat: bytes, keys: list[str] | None = None) -> bytes:
+    """``flat`` (a converted .tflite) with its signature's subgraph outputs listed in the model's order: ``keys``
+    (signature output names in order; None: the converter's ``output_0``, ``output_1``, ... by number, which follow
+    the Keras model's outputs). The converter may list a multi-output model's graph outputs in another order
+    (two Dense heads came out as (b, a)), and the bundle takes graph output k for the model's output k. Unchanged
+    when there is one output, no signature, the order is already right, or the signature does not name the graph's
+    outputs."""
+    from ai_edge_litert import schema_py_generated as s
+    m = s.ModelT.InitFromPackedBuf(flat, 0)
+    if not m.signatureDefs or len(m.signatureDefs[0].outputs or []) < 2:
+        return flat
+    sig = m.signatureDefs[0]
+    by_key = {(o.name.decode() if isinstance(o.name, bytes) else o.name): o.tensorIndex for o in sig.outputs}
+    if keys is None:
+        if not all(k.startswith("output_") and k[7:].isdigit() for k in by_key):
+            return flat                     # named outputs (a dict): the keys' order is the graph's already
+        keys = sorted(by_key, key=lambda k: int(k[7:]))
+    g = m.subgraphs[sig.subgraphIndex]
+    want = [by_key.get(k) for k in keys]
+    if None in want or sorted(want) != sorted(int(t) for t in g.outputs) or [int(t) for t in g.outputs] == want:
+        return flat                         # in order already, or a signature that does not name the graph's outputs
+    import flatbuffers
+    g.outputs = want
+    b = flatbuffers.Builder(len(flat) + 4096)
+    b.Finish(m.Pack(b), file_identifier=b"TFL3")
+    return bytes(b.Output())
 
 
 def _convert(converter, quant: str, calib: np.ndarray, req: dict, out: Path) -> bytes:
