@@ -16,8 +16,10 @@ is (the next tick is there as the signal is out), so each tick costs push + prep
 from __future__ import annotations
 
 import gc
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -68,6 +70,57 @@ def summarize_us(ns: np.ndarray) -> dict:
     out = {f"p{p:g}": float(np.percentile(us, p)) for p in PERCENTILES}
     out.update(max=float(us.max()), mean=float(us.mean()), std=float(us.std()))
     return out
+
+
+def samples_needed(p: float) -> int:
+    """Calls a percentile ``p`` (0 < p < 100) needs before it is more than the slowest one: 1 / (1 - p/100),
+    rounded up (p99: 100, p99.9: 1000)."""
+    return int(np.ceil(100.0 / (100.0 - p) - 1e-9))
+
+
+def percentile_report(res, percentiles) -> dict:
+    """The bench report's figures beyond :func:`summarize_us` for a :class:`ReplayResult`: ``percentiles_us``
+    {``p50``: µs, ...} for each of ``percentiles``, ``thin_percentiles`` [{``p``, ``needs``}] those with fewer
+    samples than :func:`samples_needed`, ``min_us``, and ``throughput_per_s`` (calls per second of time spent in
+    the calls: samples / their summed latency)."""
+    us = np.asarray(res.latency_ns, dtype=np.float64) / 1e3
+    n = len(us)
+    return {"percentiles_us": {f"p{p:g}": float(np.percentile(us, p)) for p in percentiles},
+            "thin_percentiles": [{"p": p, "needs": samples_needed(p)} for p in percentiles if n < samples_needed(p)],
+            "min_us": float(us.min()), "throughput_per_s": float(n / (us.sum() / 1e6)) if us.sum() > 0 else 0.0}
+
+
+EXPORT_SUFFIXES = (".csv", ".json")
+
+
+def export_target(path) -> None:
+    """Check ``--export-times PATH`` before the run: a .csv or .json file in an existing directory.
+
+    Raises:
+        click.BadParameter (exit 2): another suffix, or a directory that does not exist."""
+    import click
+    p = Path(path)
+    if p.suffix.lower() not in EXPORT_SUFFIXES:
+        raise click.BadParameter(f"{path}: give a .csv or .json file", param_hint="--export-times")
+    if not p.parent.resolve().is_dir():
+        raise click.BadParameter(f"{path}: directory {p.parent} does not exist", param_hint="--export-times")
+
+
+def export_latencies(res, path) -> str:
+    """Every timed call of ``res`` (:class:`ReplayResult`) to ``path``: CSV with a header ``call,latency_ns`` (and
+    ``start_delay_ns``: the call's start behind its recorded tick time, ``--replay recorded``), or JSON ``{"unit":
+    "ns", "latency_ns": [...], "start_delay_ns": [...] | null, "mode", "warmup"}``. Returns the path written."""
+    lat = np.asarray(res.latency_ns, dtype=np.int64)
+    delay = None if res.start_delay_ns is None else np.asarray(res.start_delay_ns, dtype=np.int64)
+    p = Path(path)
+    if p.suffix.lower() == ".json":
+        p.write_text(json.dumps({"unit": "ns", "mode": res.mode, "warmup": res.warmup, "latency_ns": lat.tolist(),
+                                 "start_delay_ns": None if delay is None else delay.tolist()}))
+    else:
+        cols = [np.arange(len(lat)), lat] + ([] if delay is None else [delay])
+        header = "call,latency_ns" + ("" if delay is None else ",start_delay_ns")
+        np.savetxt(p, np.stack(cols, axis=1), fmt="%d", delimiter=",", header=header, comments="")
+    return str(p)
 
 
 def spin_until(t_ns: int) -> None:

@@ -90,6 +90,12 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
 @click.option("--burst-gap-us", default=1000.0, show_default=True, type=click.FloatRange(min=0),
               help="burst: idle time between bursts.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency histogram PNG.")
+@click.option("--percentile", "percentiles", default="50,90,99,99.9", show_default=True, metavar="P1,P2,...",
+              help="Latency percentiles to report (as trtexec's --percentile); each is marked when there are too few "
+                   "samples to tell it from the slowest call (p99.9 needs 1000).")
+@click.option("--export-times", type=click.Path(dir_okay=False), default=None, metavar="FILE.csv|FILE.json",
+              help="Write every timed call's latency (ns, and its start behind the recorded tick time with "
+                   "--replay recorded) to a CSV or JSON file.")
 @click.option("--profile", is_flag=True,
               help="Time per op (per step for partitioned boards) instead of replaying: each op alone and the "
                    "whole model, interleaved; --samples rounds (default 200); without --ticks, the golden inputs. "
@@ -112,12 +118,20 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
 @runner_opts
 @json_opt
 @handles_errors
-def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, profile, top,
-              streaming, batch, soak, swap_every, board, threads, affinity, emulate, device, overlay, as_json):
+def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, percentiles,
+              export_times, profile, top, streaming, batch, soak, swap_every, board, threads, affinity, emulate, device,
+              overlay, as_json):
     """Replay real ticks through BUNDLE and print latency percentiles in µs (or, with --profile, time per op; with
-    --streaming, one row per tick through the streaming runtime)."""
+    --streaming, one row per tick through the streaming runtime). Without --ticks, the bundle's golden inputs back
+    to back (said in the output).
+
+    \b
+    Examples:
+      edgehft bench build/deeplob.cpu --ticks FEED.gz --run-features --samples 5000 --affinity 0
+      edgehft bench build/deeplob.cpu --percentile 50,99,99.9 --export-times times.csv"""
     from edgehft.bench.fingerprint import machine_fingerprint
-    from edgehft.bench.replay import check_plot_target, histogram_png, replay
+    from edgehft.bench.replay import (check_plot_target, export_latencies, export_target, histogram_png,
+                                      percentile_report, replay)
     if soak is not None or swap_every is not None:
         if profile or streaming or plot or batch is not None or samples or mode == "burst":
             raise click.UsageError("--soak serves the bundle on its own: drop --profile, --streaming, --plot, --batch, "
@@ -140,17 +154,23 @@ def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_s
     if profile:
         return _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate,
                         device, overlay, as_json)
-    if not ticks:
-        raise click.UsageError("give --ticks FILE")
+    pcts = _percentile_list(percentiles)
+    if export_times:
+        export_target(export_times)
     with open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
-        w = bundle_windows(r.bundle, ticks, run_features=run_features)
-        x = np.ascontiguousarray(w.x, dtype=np.float32)
-        res = replay(r.predict, x, w.t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,
+        from edgehft.hil.checks import predict_fn, replay_source
+        xs, t_ns, source = replay_source(r, list(ticks) or None, run_features=run_features)
+        if source["kind"] == "ticks":
+            xs = np.ascontiguousarray(xs, dtype=np.float32)
+        predict, x = predict_fn(r, xs)
+        res = replay(predict, x, t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,
                      burst_size=burst_size, burst_gap_us=burst_gap_us)
         report = {"bundle": str(r.bundle.path), "runner": r.describe(), "plan": _plan_of(r),
-                  "plan_source": getattr(r, "plan_source", None), **res.summary(),
-                  "budget_us": dict(r.board_spec.latency_budget_us),
+                  "plan_source": getattr(r, "plan_source", None), **res.summary(), **percentile_report(res, pcts),
+                  "source": source, "budget_us": dict(r.board_spec.latency_budget_us),
                   "speed": speed if mode == "recorded" else None, "fingerprint": machine_fingerprint()}
+    if export_times:
+        report["export_times"] = export_latencies(res, export_times)
     if plot:
         histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, replay {mode}, "
                                  f"{len(res.latency_ns)} calls")
@@ -174,6 +194,23 @@ def _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, 
         click.echo(json.dumps(res))
         return
     print_profile(res, out, top)
+
+
+def _us(v: float) -> str:
+    """µs as the bench tables show them: one decimal below 1,000, none above."""
+    return f"{v:,.1f}" if v < 1000 else f"{v:,.0f}"
+
+
+def _percentile_list(text: str) -> list[float]:
+    """``--percentile 50,99,99.9`` as [50.0, 99.0, 99.9] (click.BadParameter, exit 2, unless numbers in (0, 100))."""
+    try:
+        ps = [float(p) for p in text.split(",")]
+    except ValueError:
+        ps = []
+    if not ps or any(not 0 < p < 100 for p in ps):
+        raise click.BadParameter(f"{text!r}: give percentiles between 0 and 100, comma-separated (e.g. 50,99,99.9); "
+                                 "the slowest call is the max column", param_hint="--percentile")
+    return sorted(set(ps))
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -322,13 +359,26 @@ def _plan_of(runner) -> str:
 
 def print_bench(report: dict) -> None:
     lat = report["latency_us"]
+    from rich import box
     t = Table(title=f"latency of predict, µs — {report['samples']} samples after {report['warmup']} warm-up, "
                     f"replay {report['mode']}" + (" [bold](EMULATED board)[/]" if report["runner"]["emulated"] else ""),
-              title_justify="left")
-    for c in ("p50", "p90", "p99", "p99.9", "max", "mean", "std"):
+              title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))        # 80 columns: 7 percentiles
+    pct, thin = report["percentiles_us"], {f"p{x['p']:g}" for x in report["thin_percentiles"]}
+    cols = [(f"{k}*" if k in thin else k, v) for k, v in pct.items()] + [("max", lat["max"])]
+    for c, _ in cols:
         t.add_column(c, justify="right")
-    t.add_row(*(f"{lat[k]:.1f}" for k in ("p50", "p90", "p99", "p99.9", "max", "mean", "std")))
+    t.add_row(*(_us(v) for _, v in cols))
     out.print(t)
+    out.print(f"min {_us(report['min_us'])}, mean {_us(lat['mean'])}, std {_us(lat['std'])} µs; "
+              f"{report['throughput_per_s']:,.0f} calls/s", highlight=False)
+    for x in report["thin_percentiles"]:
+        out.print(f"*: p{x['p']:g} from {report['samples']:,} samples (it needs {x['needs']:,}): about the slowest "
+                  "call, not a percentile; give --samples", highlight=False)
+    src = report.get("source") or {}
+    if src.get("kind") == "golden":
+        out.print(f"windows: {src['note']}", highlight=False)
+    if report.get("export_times"):
+        out.print(f"every call's latency: {report['export_times']}", highlight=False)
     budget = report.get("budget_us") or {}
     if budget and report["runner"]["emulated"]:
         out.print(f"board budget ({report['runner']['board']}): n/a — emulated, the device's timing is not measured")

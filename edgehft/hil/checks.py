@@ -126,8 +126,10 @@ def replay_source(runner, ticks: list[str] | None = None, limit: int | None = No
                               "feed's timing; pass tick files (an .npz with t_ns, or a raw feed with run_features)"})
 
 
-def _predict_fn(runner, x):
-    """``(predict, windows)`` for :func:`replay`: one array of windows, or indices for multi-input models."""
+def predict_fn(runner, x):
+    """``(predict, windows)`` for :func:`edgehft.bench.replay.replay` on what :func:`replay_source` gives: ``x`` one
+    array of windows (``runner.predict`` on each), or a list of arrays for a multi-input model (indices, each call
+    ``runner.predict(*(a[i] for a in x))``)."""
     if isinstance(x, list):
         arrays = x
         return (lambda i: runner.predict(*(a[int(i)] for a in arrays))), np.arange(len(arrays[0]))
@@ -168,7 +170,7 @@ def latency(runner, ticks: list[str] | None = None, samples: int = SAMPLES, warm
         raise InputError(f"latency check: samples {samples}, warmup {warmup}, speed {speed}",
                          hint="samples >= 1, warmup >= 0, speed > 0")
     x, t_ns, source = replay_source(runner, ticks, limit=warmup + samples, run_features=run_features)
-    predict, windows = _predict_fn(runner, x)
+    predict, windows = predict_fn(runner, x)
     mode = "recorded" if t_ns is not None else "max"
     res = replay(predict, windows, t_ns, mode=mode, warmup=warmup, samples=samples, speed=speed)
     lat = summarize_us(res.latency_ns)
@@ -342,7 +344,7 @@ def soak(runner, minutes: float, ticks: list[str] | None = None, intervals: int 
                          hint="call edgehft.serving.soak.soak_check (what the local target and the box's agent "
                               "run for --edgehft-soak-swap-every S)")
     x, t_ns, source = replay_source(runner, ticks, limit=SOAK_WINDOWS, run_features=run_features)
-    predict, windows = _predict_fn(runner, x)
+    predict, windows = predict_fn(runner, x)
     n = len(windows)
     gaps, capped = recorded_gaps(t_ns, speed) if t_ns is not None else (None, None)
     lat = np.ones(_SOAK_CAP, np.int64)       # touched now, so its pages count before the first reading

@@ -140,3 +140,34 @@ def test_float_plan_fast_path_agrees_with_the_checked_path(mlp_auto, mlp):
         bad[3] = np.inf
         with pytest.raises(NonFiniteInputError, match=r"first at index \(3,\)"):
             r.predict(bad)
+
+
+def test_bench_percentiles_export_and_golden_inputs(deeplob_bundle, tmp_path):
+    """``bench --percentile 50,99,99.9 --export-times FILE`` without --ticks: the golden inputs (said), the asked
+    percentiles with the ones 50 samples cannot hold marked (p99 needs 100, p99.9 1000), min / throughput, every
+    call's latency in the CSV (and JSON); at 80 columns nothing is cut; bad values are usage errors (exit 2)."""
+    cli = CliRunner()
+    csv = tmp_path / "t.csv"
+    res = cli.invoke(main, ["bench", str(deeplob_bundle), "--samples", "50", "--warmup", "2", "--percentile",
+                            "50,99,99.9", "--export-times", str(csv), "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.output.strip().splitlines()[-1])
+    p = rep["percentiles_us"]
+    assert list(p) == ["p50", "p99", "p99.9"] and rep["min_us"] <= p["p50"] <= p["p99"] <= rep["latency_us"]["max"]
+    assert rep["thin_percentiles"] == [{"p": 99.0, "needs": 100}, {"p": 99.9, "needs": 1000}]
+    assert rep["source"]["kind"] == "golden" and rep["samples"] == 50 and rep["throughput_per_s"] > 0
+    rows = np.loadtxt(csv, delimiter=",", skiprows=1, dtype=np.int64)
+    assert csv.read_text().splitlines()[0] == "call,latency_ns" and rows.shape == (50, 2)
+    assert list(rows[:, 0]) == list(range(50)) and (rows[:, 1] > 0).all()
+    assert abs(np.percentile(rows[:, 1] / 1e3, 50) - p["p50"]) < 1e-6
+    res = cli.invoke(main, ["bench", str(deeplob_bundle), "--samples", "50", "--warmup", "2", "--percentile",
+                            "50,90,99,99.9,99.99", "--export-times", str(tmp_path / "t.json")], terminal_width=80)
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert all(len(x) <= 80 for x in lines) and "…" not in res.output
+    assert "p99.99*" in res.output and "calls/s" in res.output and "golden inputs" in res.output
+    assert "*: p99.9 from 50 samples (it needs 1,000)" in res.output
+    assert len(json.loads((tmp_path / "t.json").read_text())["latency_ns"]) == 50
+    for bad in (["--percentile", "abc"], ["--percentile", "100"], ["--export-times", str(tmp_path / "t.txt")]):
+        r = cli.invoke(main, ["bench", str(deeplob_bundle), "--samples", "5", *bad])
+        assert r.exit_code == 2, (bad, r.output)
