@@ -76,7 +76,7 @@ def settings_from(config) -> Settings | None:
         given = [f"--edgehft-{n.replace('_', '-')}" for n in ("bundle", "host", "ticks", "soak", "soak_swap_every",
                                                                 "emulate", "json") if o(f"edgehft_{n}")]
         if given:
-            raise pytest.UsageError(f"{', '.join(given)} need --edgehft-board B (the board to test on)")
+            raise pytest.UsageError(f"{', '.join(given)} need --edgehft-board=B (the board to test on)")
         return None
     from edgehft.boards import load_board
     try:

@@ -56,7 +56,18 @@ def pytest_addoption(parser) -> None:
     add_options(parser)
 
 
+MARKERS = {
+    "edgehft_board": "a check on the board (edgehft's built-in checks carry it): -m 'not edgehft_board' leaves "
+                     "the hardware out",
+    "edgehft_latency": "a timed check (latency, streaming, soak): -m 'not edgehft_latency' keeps the correctness "
+                       "checks only",
+}
+TIMED = ("latency", "streaming", "soak")
+
+
 def pytest_configure(config) -> None:
+    for name, what in MARKERS.items():           # registered in every session (--strict-markers suites use them)
+        config.addinivalue_line("markers", f"{name}: {what}")
     s = settings_from(config)
     if s is not None:
         config.stash[_STATE] = _State(s)
@@ -117,6 +128,7 @@ class EdgehftCheck(pytest.Item):
             res = target.soak(**s.soak_options(), **({} if every is None else {"swap_every_s": every}))
         state.results[self.check] = res
         self.user_properties.append((f"edgehft_{self.check}", summary.headline(res)))
+        self.user_properties.extend(summary.numbers(res))          # JUnit XML properties as numbers
         if res["ok"] is None:
             pytest.skip(summary.headline(res))
         if not res["ok"]:
@@ -149,6 +161,10 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     parent = EdgehftChecks.from_parent(session, name="edgehft", path=here,
                                        nodeid="edgehft" if base == "." else f"{base}/edgehft")
     made = [EdgehftCheck.from_parent(parent, name=c, check=c) for c in state.settings.checks]
+    for item in made:
+        item.add_marker("edgehft_board")
+        if item.check in TIMED:
+            item.add_marker("edgehft_latency")
     items[:0] = [i for i in made if i.check != "soak"]
     items.extend(i for i in made if i.check == "soak")
     config.hook.pytest_collectreport(report=CollectReport(parent.nodeid, "passed", None, made))
@@ -157,7 +173,7 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 def _state_or_skip(config) -> _State:
     state = config.stash.get(_STATE, None)
     if state is None:
-        pytest.skip("no target: run pytest with --edgehft-board B --edgehft-bundle DIR")
+        pytest.skip("no target: run pytest with --edgehft-board=B --edgehft-bundle=DIR")
     return state
 
 

@@ -16,6 +16,22 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:+.2f} MiB"
 
 
+def numbers(result: dict) -> list[tuple[str, float]]:
+    """A check result's figures as ``(name, number)`` pairs for JUnit XML properties that CI systems can chart:
+    ``golden_matched``, ``golden_count``, ``golden_max_diff``; for the timed checks ``<check>_p50_us``,
+    ``<check>_p99_us``, ``<check>_p99.9_us``, ``<check>_max_us`` (``latency_us``; streaming's push), and the soak's
+    ``soak_p99_drift`` and ``soak_rss_growth_bytes``. Keys a result lacks are left out."""
+    kind, out = result["check"], []
+    for key in ("matched", "count", "max_diff", "samples", "p99_drift", "rss_growth_bytes", "failed_calls", "swapped"):
+        v = result.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append((f"{kind}_{key}", v))
+    lat = result.get("latency_us")
+    if isinstance(lat, dict):
+        out += [(f"{kind}_{k}_us", round(float(lat[k]), 3)) for k in ("p50", "p99", "p99.9", "max") if k in lat]
+    return out
+
+
 def timing(result: dict, unit: str = "calls") -> str:
     """Where the replayed calls (``unit``: or ticks) and their timing came from, e.g. ``2,000 calls at
     recorded inter-arrival times from btcusd.gz``."""

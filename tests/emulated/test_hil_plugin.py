@@ -127,12 +127,12 @@ def test_team_tests_get_the_fixtures_next_to_the_checks(hil, pytester, deeplob_b
                             "*test_team.py::test_first_golden_vector PASSED*"], consecutive=True)
     r = hil("-rs")                        # without a board: no checks, the fixtures skip
     r.assert_outcomes(skipped=1)
-    r.stdout.fnmatch_lines(["*no target: run pytest with --edgehft-board B --edgehft-bundle DIR*"])
+    r.stdout.fnmatch_lines(["*no target: run pytest with --edgehft-board=B --edgehft-bundle=DIR*"])
 
 
 def test_usage_errors(hil, deeplob_bundle):
     cases = [(["--edgehft-board=cpu"], "--edgehft-board cpu needs --edgehft-bundle DIR"),
-             ([f"--edgehft-bundle={deeplob_bundle}"], "--edgehft-bundle need --edgehft-board B"),
+             ([f"--edgehft-bundle={deeplob_bundle}"], "--edgehft-bundle need --edgehft-board=B"),
              (["--edgehft-board=nope", f"--edgehft-bundle={deeplob_bundle}"], "--edgehft-board: unknown board 'nope'"),
              (["--edgehft-board=pynq-z2", f"--edgehft-bundle={deeplob_bundle}"], "was compiled for board 'cpu', not 'pynq-z2'"),
              (["--edgehft-board=cpu", f"--edgehft-bundle={deeplob_bundle}", "--edgehft-checks=golden,speed"],
@@ -203,3 +203,23 @@ def test_pytest_never_imports_code_from_a_bundle(hil, pytester, deeplob_bundle, 
     r = hil("--edgehft-board=cpu", f"--edgehft-bundle={b}", *FAST, "--edgehft-checks=golden")
     r.assert_outcomes(passed=1)
     assert not canary.exists()
+
+
+def test_markers_select_checks_and_junit_properties_are_numbers(hil, deeplob_bundle, tmp_path):
+    """The built-in checks carry the registered markers (edgehft_board on all, edgehft_latency on the timed ones):
+    ``-m "not edgehft_latency"`` keeps golden only; the JUnit XML has each check's figures as numbers."""
+    import xml.etree.ElementTree as ET
+    r = hil("--markers")
+    r.stdout.fnmatch_lines(["@pytest.mark.edgehft_board:*", "@pytest.mark.edgehft_latency:*"])
+    xml = tmp_path / "junit.xml"
+    base = ["--edgehft-board=cpu", f"--edgehft-bundle={deeplob_bundle}", *FAST, "--edgehft-budget-p99=1e9",
+            "--edgehft-budget-p999=1e9", "--strict-markers"]
+    r = hil(*base, "-m", "not edgehft_latency")
+    r.assert_outcomes(passed=1, deselected=1)
+    r = hil(*base, f"--junitxml={xml}")
+    r.assert_outcomes(passed=2)
+    props = {p.get("name"): p.get("value") for p in ET.parse(xml).iter("property")}
+    n = golden_count(deeplob_bundle)
+    assert (props["golden_matched"], props["golden_count"], props["golden_max_diff"]) == (str(n), str(n), "0.0")
+    assert props["latency_samples"] == "100"
+    assert 0 < float(props["latency_p50_us"]) <= float(props["latency_p99_us"]) <= float(props["latency_max_us"])
