@@ -48,6 +48,9 @@ mlp.export(out / "k3_mlp_savedmodel")                  # a plain SavedModel: no 
 inp = keras.Input((16,), name="features")               # two heads of one value each: the converter lists them (b, a)
 h = keras.layers.Dense(32, activation="relu")(inp)
 keras.Model(inp, [keras.layers.Dense(1, name="a")(h), keras.layers.Dense(1, name="b")(h)]).save(out / "k3_two_heads.keras")
+heads = [keras.layers.Dense(3, name="z_first")(h), keras.layers.Dense(1, name="a_second")(h),
+         keras.layers.Reshape((2, 4), name="m_third")(keras.layers.Dense(8)(h))]   # three shapes, not sorted by name
+keras.Model(inp, heads).save(out / "k3_three_heads.keras")
 
 tf_keras.utils.set_random_seed(1)
 inp = tf_keras.Input((20, 8), name="x")

@@ -54,7 +54,11 @@ def _write_stdout(line: str) -> None:
             pass
         finally:
             os.close(devnull)
-        sys.stderr.write("edgehft serve: stdout was closed; events go on to --events only\n")
+        try:
+            sys.stderr.write("edgehft serve: stdout was closed; events go on to --events only\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):                   # stderr went with it (2>&1 | head)
+            pass
 
 
 def _check_core(core, what: str) -> None:

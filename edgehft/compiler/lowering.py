@@ -168,10 +168,18 @@ def keras3_to_tf_keras(model):
 
 
 def check_rebuild(original, rebuilt, windows: np.ndarray, atol: float = 1e-4) -> float:
-    """Max |difference| of the two models on ``windows``; LoweringError above ``atol``."""
-    a = np.asarray(original(windows, training=False))
-    b = np.asarray(rebuilt(windows, training=False))
-    diff = float(np.max(np.abs(a - b))) if a.size else 0.0
+    """Max |difference| of the two models on ``windows`` over every output (outputs of different shapes are
+    compared one by one); LoweringError above ``atol``."""
+    def outs(model):
+        y = model(windows, training=False)
+        y = list(y.values()) if isinstance(y, dict) else (list(y) if isinstance(y, (list, tuple)) else [y])
+        return [np.asarray(t, dtype=np.float64) for t in y]
+    a, b = outs(original), outs(rebuilt)
+    if [x.shape for x in a] != [x.shape for x in b]:
+        raise LoweringError(f"the tf-keras rebuild of the Keras 3 model has outputs of shapes "
+                            f"{[list(x.shape) for x in b]}, the model {[list(x.shape) for x in a]}",
+                            hint="build the model with tf-keras")
+    diff = max((float(np.max(np.abs(x - y))) for x, y in zip(a, b) if x.size), default=0.0)
     if not diff <= atol:
         raise LoweringError(f"the tf-keras rebuild of the Keras 3 model differs from it by {diff:.3g} "
                             f"(> {atol}) on calibration windows",

@@ -37,8 +37,8 @@ the first swap each push also logs a copy of its row and output (the previous ve
 from that log for an instant rollback).
 
 Every step is an event (``{"event", "version", "time_utc", ...figures}``: ``serving``, ``loaded``, ``shadow``,
-``swapped``, ``refused``, ``rolled_back``, ``breach``, ``error``), kept in :attr:`Server.events` (the newest
-:data:`MAX_EVENTS`), logged on the
+``swapped``, ``refused``, ``rolled_back``, ``breach``, ``error``), kept in :attr:`Server.events` (a list of the
+newest :data:`MAX_EVENTS` or so; :attr:`Server.events_emitted` counts all), logged on the
 ``edgehft.serving`` logger, appended to ``events_path`` (JSON lines) when given and passed to ``on_event``.
 
 Off the caller's path, with a cost: the manager is a Python thread, so while it works it competes for the GIL
@@ -139,16 +139,19 @@ def _rel_mae(o, ref: np.ndarray) -> float:
 
 
 def _interface_change(active, cand) -> str:
-    """What a caller of ``active`` would see change with ``cand`` (two bundle manifests): "inputs", "outputs",
-    "inputs and outputs" (their count, order, names or shapes), or "" when nothing. Dtypes and quantization may
-    differ (another plan: ``predict`` takes and returns float32 either way)."""
-    def sig(specs):
-        return [(s.name, tuple(s.shape)) for s in specs]
-    moved = [k for k in ("inputs", "outputs") if sig(getattr(active, k)) != sig(getattr(cand, k))]
+    """What a caller of ``active`` would see change with ``cand`` (two bundle manifests): e.g. "outputs' shapes
+    [[1, 3]] (the active version's [[1, 1]])" for the inputs and outputs whose count or shapes (in order) differ, or
+    "" when none. Names may differ (Keras numbers its default layer names; ``predict`` is positional), and so may
+    dtypes and quantization (another plan: ``predict`` takes and returns float32 either way)."""
+    moved = []
+    for k in ("inputs", "outputs"):
+        was, now = [list(s.shape) for s in getattr(active, k)], [list(s.shape) for s in getattr(cand, k)]
+        if was != now:
+            moved.append(f"{k}' shapes {now} (the active version's {was})")
     return " and ".join(moved)
 
 
-MAX_EVENTS = 10_000      # events kept in Server.events (a server that runs for months; the log file keeps all)
+MAX_EVENTS = 10_000      # events kept in Server.events, about (a server that runs for months; the log file keeps all)
 
 
 def _now() -> str:
@@ -180,7 +183,8 @@ class Server:
         if vid is None:
             raise InputError(f"nothing is deployed under {self.root}: no 'current' link",
                              hint="edgehft deploy BUNDLE --host BOX puts a version there first")
-        self.events = collections.deque(maxlen=MAX_EVENTS)   # the newest; all of them go to events_path/on_event
+        self.events: list = []                 # the newest (trimmed past MAX_EVENTS); events_path/on_event get all
+        self.events_emitted = 0
         self._lock = threading.Lock()          # the manager's and rollback()'s swaps (never predict)
         self._active, self._previous = _Version(self.root, vid, self._open_kw), None
         self._tap = self._breach = None        # the shadow run's input queue; the caller's latencies after a swap
@@ -217,14 +221,11 @@ class Server:
         """``predict_many`` of the active version's runner (:meth:`edgehft.runtime.base.Runner.predict_many`: one
         result per window, as one batch only where that was measured faster on this box): several instruments in
         one call that follows the swaps like :meth:`predict`. While a shadow run is armed each window is also copied
-        for the candidate (as a ``predict`` of it); after a swap the whole call is timed for the breach watch.
+        for the candidate (as a ``predict`` of it). Its calls are not timed for the breach watch: a batch's time is
+        not one window's, which the budget is for.
 
         Raises: what the runner's ``predict_many`` raises."""
-        v, breach = self._active, self._breach
-        t0 = time.perf_counter_ns()
-        ys = v.runner.predict_many(windows)
-        if breach is not None:
-            breach.append(time.perf_counter_ns() - t0)
+        ys = self._active.runner.predict_many(windows)
         tap = self._tap
         if tap is not None:
             for w in windows:
@@ -314,6 +315,9 @@ class Server:
     def _emit(self, event: str, version: str | None, **figures) -> dict:
         e = {"event": event, "version": version, "time_utc": _now(), **figures}
         self.events.append(e)
+        self.events_emitted += 1
+        if len(self.events) > MAX_EVENTS + MAX_EVENTS // 10:
+            del self.events[:len(self.events) - MAX_EVENTS]      # in chunks: a list stays a list (slices, JSON)
         log.info("%s %s %s", event, version, json.dumps(figures, default=str))
         if self.events_path:
             try:
@@ -398,8 +402,10 @@ class Server:
             self._last_seen = vid
         if vid is None or vid == self._active.vid or vid in self._refused:
             return
-        if self._previous is not None and vid == self._previous.vid:
-            self._swap_back("the box's current link went back to it", expect_active=self._active.vid)
+        with self._lock:                       # the two read together: a rollback() may come between two reads
+            prev, act = self._previous, self._active.vid
+        if prev is not None and vid == prev.vid:
+            self._swap_back("the box's current link went back to it", expect_active=act)
             return
         self._try(vid)
 
@@ -435,8 +441,8 @@ class Server:
             return
         change = _interface_change(self._active.runner.bundle.manifest, cand.runner.bundle.manifest)
         if change:
-            self._refuse(vid, f"its {change} differ from the active version's: a caller written for one would break "
-                              "on the other (serve it from a new process)", cand)
+            self._refuse(vid, f"its {change} differ: a caller written for one would break on the other (serve it "
+                              "from a new process)", cand)
             return
         try:
             g = check_golden(cand.runner)
@@ -510,9 +516,13 @@ class Server:
             self._tap = None
         live = len(pairs)
         golden = self._golden_inputs(cand, as_float=True)
-        for i in range(max(0, pol.min_calls - live)):
+        fill = max(0, pol.min_calls - live)                   # golden inputs up to min_calls count as calls (timed)
+        for i in range(fill):
             self._shadow_one(ref, cand, golden[i % len(golden)], pairs, lat, ref_lat)
-        return self._verdict(cand, pairs, lat, live, ref_lat)
+        compared = list(pairs)                                # and every golden input is compared: a quiet feed's
+        for x in golden[fill:]:                               # outputs may not vary, these do (not timed)
+            self._shadow_one(ref, cand, x, compared, [], [])
+        return self._verdict(cand, compared, lat, live, ref_lat, golden_calls=len(pairs) - live)
 
     @staticmethod
     def _shadow_one(ref, cand, xs, pairs: list, lat: list, ref_lat: list) -> None:
@@ -524,7 +534,10 @@ class Server:
         ref_lat.append(t1 - t0)
         pairs.append((want, _copy(got)))
 
-    def _verdict(self, cand: _Version, pairs: list, lat: list, live: int, ref_lat: list | None = None) -> dict:
+    def _verdict(self, cand: _Version, pairs: list, lat: list, live: int, ref_lat: list | None = None,
+                 golden_calls: int | None = None) -> dict:
+        """The shadow verdict: ``pairs`` (reference, candidate outputs) compared (drift gate), ``lat`` the
+        candidate's timed calls (``live`` of them live, ``golden_calls`` golden fill-up; None: the other pairs)."""
         from edgehft.bench.replay import summarize_us
         from edgehft.compiler.drift import measure_drift
         from edgehft.hil.checks import judge_latency
@@ -549,7 +562,8 @@ class Server:
             if not v["ok"]:
                 why.append(f"{'p99.9' if key == 'p999' else key} {v['value_us']:.1f} µs over the budget "
                            f"{v['budget_us']:g} µs ({judged['budget_from']})")
-        return {"ok": not why, "why": why, "live_calls": live, "golden_calls": len(pairs) - live,
+        return {"ok": not why, "why": why, "live_calls": live,
+                "golden_calls": len(pairs) - live if golden_calls is None else golden_calls, "compared": len(pairs),
                 "rel_mae": float(min(max(rel), 1e9)), "max_abs": max(o.max_abs for o in drift.outputs),
                 "latency_us": lat_us, "active_latency_us": active_us, **judged}
 

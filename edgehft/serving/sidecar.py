@@ -438,5 +438,5 @@ class Sidecar:
                 "socket": self.path, "max_datagram": self.max_datagram, "counters": dict(self.counters),
                 "inputs": [{"shape": list(s), "dtype": d} for s, d in ins],
                 "outputs": [{"shape": list(s), "dtype": d} for s, d in outs],
-                "events": len(events), "last_event": events[-1] if events else None,
+                "events": self.server.events_emitted, "last_event": events[-1] if events else None,
                 "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -209,20 +209,26 @@ def mlp_int8(mlp, tmp_path_factory):
     return out
 
 
-def test_a_drifting_version_is_refused_on_a_quiet_feed(mlp, mlp_int8, tmp_path):
-    """Every live window the same (a quiet or stale feed) into a model of one output value: the active version's
-    outputs do not vary over the shadow run, so the drift is judged against their magnitude, and B (outputs x 1.5)
-    is refused, not passed at 0 %."""
+def test_a_quiet_feed_judges_drift_on_the_golden_inputs_too(mlp, mlp_int8, tmp_path):
+    """Every live window the same (a quiet or stale feed) into a model of one output value: the live outputs do not
+    vary, so the shadow run also compares every golden input (whose outputs do): the same model again is swapped
+    in, and B (outputs x 1.5) is refused with its relative MAE, not passed at 0 % (nor refused for a range of 0)."""
     from edgehft.deploy.local import install_local
     root = tmp_path / "install"
     a, srv = _served_from({"v1": resign(mlp_int8, tmp_path / "a", tag="a")}, root)
+    one = np.repeat(np.load(mlp / "x.npy")[:1].astype(np.float32), 4, axis=0)      # (4, 64): one window
     with srv:
+        same = install_local(root, resign(mlp_int8, tmp_path / "same", tag="same"))["version"]
+        _call_until(srv, one, lambda: _event(srv, "refused") or _event(srv, "swapped"))
+        sh = _event(srv, "shadow", same)
+        assert _event(srv, "swapped", same) is not None and sh["compared"] >= sh["live_calls"] + 8 and \
+            sh["rel_mae"] == 0.0, \
+            srv.events
         install_local(root, resign(mlp_int8, tmp_path / "drift", _scaled_output, tag="quiet"))
-        one = np.repeat(np.load(mlp / "x.npy")[:1].astype(np.float32), 4, axis=0)      # (4, 64): one window
-        caller = _call_until(srv, one, lambda: _event(srv, "refused") or _event(srv, "swapped"))
+        caller = _call_until(srv, one, lambda: _event(srv, "refused"))
         r = _event(srv, "refused")
-        assert r is not None and "of the outputs' magnitude (the active version's did not vary)" in r["why"], srv.events
-        assert srv.active == a and caller["failed"] == []
+        assert r is not None and "outputs differ from the active version's: relative MAE" in r["why"], srv.events
+        assert srv.active == same and caller["failed"] == []
 
 
 def _renamed_output(d):
@@ -236,18 +242,23 @@ def _renamed_output(d):
     np.savez(d / "golden.npz", **arrays)
 
 
-def test_a_version_with_other_outputs_is_refused(bundles, windows, tmp_path):
-    """B's outputs are not the active version's (here renamed): a caller written for A would break on B, so B is
-    refused before its shadow run, naming why, and A keeps serving."""
+def test_a_version_with_other_shapes_is_refused_other_names_are_not(bundles, windows, mlp_int8, tmp_path):
+    """B takes and gives other shapes (the MLP where DeepLOB serves): a caller written for A would break on B, so B
+    is refused before its shadow run, naming the shapes, and A keeps serving. C is A with its output renamed (Keras
+    numbers default layer names): predict is positional, so C is shadow-run and swapped in."""
     from edgehft.deploy.local import install_local
     root = tmp_path / "install"
     a, srv = _served_from(bundles, root)
     with srv:
-        install_local(root, resign(bundles["v1"], tmp_path / "renamed", _renamed_output, tag="renamed"))
+        b = install_local(root, resign(mlp_int8, tmp_path / "mlp", tag="mlp"))["version"]
         _call_until(srv, windows, lambda: _event(srv, "refused") or _event(srv, "swapped"))
-        r = _event(srv, "refused")
-        assert r is not None and r["why"].startswith("its outputs differ from the active version's"), srv.events
+        r = _event(srv, "refused", b)
+        assert r is not None and r["why"].startswith("its inputs' shapes [[1, 64]] (the active version's "
+                                                     "[[1, 100, 40, 1]]) and outputs' shapes [[1, 1]]"), srv.events
         assert _event(srv, "shadow") is None and srv.active == a
+        c = install_local(root, resign(bundles["v1"], tmp_path / "renamed", _renamed_output, tag="renamed"))["version"]
+        _call_until(srv, windows, lambda: _event(srv, "swapped", c) or _event(srv, "refused", c))
+        assert srv.active == c, srv.events
 
 
 def test_a_late_swap_back_never_undoes_a_rollback(bundles, windows, tmp_path):

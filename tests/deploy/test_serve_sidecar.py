@@ -281,15 +281,16 @@ def test_the_datagram_limit_is_checked_against_the_model():
             a.send(b"\0" * (limit + 1), socket.MSG_DONTWAIT)
 
 
-def test_a_closed_stdout_does_not_stop_it(versions, windows, tmp_path):
-    """``edgehft serve ... | head -1``: the reader goes away after the first line; the sidecar says so once on
-    stderr, keeps serving (events to --events only, no traceback) and still exits 0 on SIGTERM, removing the
-    socket."""
+@pytest.mark.parametrize("joined", [False, True], ids=["stdout", "stdout-and-stderr"])
+def test_a_closed_stdout_does_not_stop_it(versions, windows, tmp_path, joined):
+    """``edgehft serve ... | head -1`` (and ``2>&1 | head -1``): the reader goes away after the first line; the
+    sidecar says so once on stderr (when that is still open), keeps serving (events to --events only, no traceback)
+    and still exits 0 on SIGTERM, removing the socket."""
     root = tmp_path / "box"
     install_local(root, versions["v1"])
     log = tmp_path / "events.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "edgehft", "serve", str(root), "--events", str(log)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if joined else subprocess.PIPE, text=True)
     proc.stdout.readline()                                   # "serving"
     proc.stdout.close()                                      # the reader is gone
     sock = str(root / "serve.sock")
@@ -300,7 +301,8 @@ def test_a_closed_stdout_does_not_stop_it(versions, windows, tmp_path):
         assert c.predict(windows[0]).shape == (1, 1)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
-    err = proc.stderr.read()
-    assert "stdout was closed; events go on to --events only" in err and "Traceback" not in err, err
+    if not joined:
+        err = proc.stderr.read()
+        assert "stdout was closed; events go on to --events only" in err and "Traceback" not in err, err
     assert [json.loads(x)["event"] for x in log.read_text().splitlines()][-1] == "stopped"
     assert not os.path.exists(sock)
