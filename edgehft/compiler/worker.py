@@ -169,9 +169,10 @@ def outputs_in_order(flat: bytes, keys: list[str] | None = None) -> bytes:
     when there is one output, no signature, the order is already right, or the signature does not name the graph's
     outputs."""
     from ai_edge_litert import schema_py_generated as s
-    m = s.ModelT.InitFromPackedBuf(flat, 0)
-    if not m.signatureDefs or len(m.signatureDefs[0].outputs or []) < 2:
+    head = s.Model.GetRootAs(flat, 0)                  # a look first: the object tree only for several outputs
+    if head.SignatureDefsLength() == 0 or head.SignatureDefs(0).OutputsLength() < 2:
         return flat
+    m = s.ModelT.InitFromPackedBuf(flat, 0)
     sig = m.signatureDefs[0]
     by_key = {(o.name.decode() if isinstance(o.name, bytes) else o.name): o.tensorIndex for o in sig.outputs}
     if keys is None:
