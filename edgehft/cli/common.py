@@ -265,7 +265,19 @@ def say_emulated(runner, as_json: bool) -> None:
         err.print(f"[bold magenta]EMULATED[/] {runner.board}: {note}", highlight=False)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+EXIT_CODES = ("Exit codes (every command): 0 ok, 1 a runner used wrongly (closed, or two threads at once), 2 usage, "
+              "3 bad input (model, ticks, shapes, dtypes, NaN, an option the board does not take), 4 converter or "
+              "vendor compiler failed, 5 drift gate failed (--strict), 6 not a bundle or it does not match its "
+              "manifest, 7 board library or device unavailable, or an extra missing, 8 golden vectors not "
+              "reproduced, 9 deploy refused or failed on the box (it keeps its previous version), 10 box unreachable.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
 @click.version_option(__version__, prog_name="edgehft")
 def main() -> None:
-    """Put trained Keras models on low-latency trading boards."""
+    """Put trained Keras models on low-latency trading boards.
+
+    \b
+    Start here:
+      edgehft compile examples/deeplob/deeplob.keras --board cpu --calib FEED.gz --out build/deeplob.cpu
+      edgehft bench build/deeplob.cpu --run-features --ticks FEED.gz --samples 5000"""

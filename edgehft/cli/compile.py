@@ -49,7 +49,12 @@ from edgehft.errors import EdgeHFTError
 def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_windows, drift_windows, golden_count,
                 drift_threshold, strict, timeout_s, lowering, force, sign_key, as_json, **board_values):
     """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
-    partition it, and write a bundle."""
+    partition it, and write a bundle.
+
+    \b
+    Examples:
+      edgehft compile examples/deeplob/deeplob.keras --board cpu --calib FEED.gz --out build/deeplob.cpu
+      edgehft compile model.keras --board coral-usb --calib windows.npy --out build/model.coral"""
     from edgehft.compiler.pipeline import CompileOptions, compile_model
     from edgehft.report import print_report
     if not calib and not str(model).endswith(".tflite"):

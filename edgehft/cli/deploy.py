@@ -116,7 +116,12 @@ def deploy_cmd(bundle, board, host, hosts_file, limit, parallel, canary, wave, m
     Exit codes: 0 deployed, 2 usage, 3 bad --host, inventory, --plan or rollout option, 6 the local bundle does
     not match its manifest, 8 golden vectors differ on the box, 9 refused or failed (the box keeps its previous
     version; also: the latency gate's p99 or p99.9 over budget; with --hosts: any host failed, or the rollout
-    stopped), 10 unreachable (connection, authentication, unknown or changed host key)."""
+    stopped), 10 unreachable (connection, authentication, unknown or changed host key).
+
+    \b
+    Examples:
+      edgehft deploy build/deeplob.cpu --host trader@ny4-box1
+      edgehft deploy build/deeplob.cpu --hosts inventory.ini --limit ny4 --canary 1 --wave 25% --max-fail 1"""
     if sum(map(bool, (host, hosts_file, resume))) != 1:
         raise click.UsageError("give one of --host user@box, --hosts FILE or --resume STATE")
     if limit is not None and not hosts_file:
@@ -338,7 +343,12 @@ def status_cmd(host, hosts_file, limit, expected, parallel, board, ssh_config, r
 def rollback_cmd(to, host, rollout_state, engine_name, parallel, board, ssh_config, remote_python, install_dir,
                  as_json):
     """Switch a box back to its previous version (or --to VERSION), after re-checking that version's files; with
-    --rollout STATE, every box that rollout switched (exit 9 when one could not be)."""
+    --rollout STATE, every box that rollout switched (exit 9 when one could not be).
+
+    \b
+    Examples:
+      edgehft rollback --host trader@ny4-box1
+      edgehft rollback --rollout rollout-state.json"""
     if bool(host) == bool(rollout_state):
         raise click.UsageError("give one of --host user@box or --rollout STATE")
     if rollout_state:

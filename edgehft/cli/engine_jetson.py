@@ -26,7 +26,11 @@ def build_engine_cmd(bundle, dla_core, no_gpu_fallback, workspace_mib, as_json):
     """On a Jetson: build BUNDLE's TensorRT engine with this box's TensorRT, cache it by TensorRT version,
     L4T release, module, DLA core, precision and model hash, and print the real per-layer placement. The
     placement record is cached next to the engine (<key>.json, keyed like it and carrying the model hash);
-    `edgehft report BUNDLE` lays it next to the prediction. The bundle is not written: it still verifies."""
+    `edgehft report BUNDLE` lays it next to the prediction. The bundle is not written: it still verifies.
+
+    \b
+    Example (on the Jetson):
+      edgehft build-engine /opt/edgehft/current --dla-core 0"""
     from edgehft.boards import load_board
     from edgehft.bundle import load_bundle
     from edgehft.partition.jetson_confirmed import record_for

@@ -205,7 +205,12 @@ def _print_tensors(model, as_json: bool) -> None:
 @json_opt
 @handles_errors
 def boards_cmd(probe, as_json):
-    """List the board catalog (and, with --probe, the accelerators attached here)."""
+    """List the board catalog (and, with --probe, the accelerators attached here).
+
+    \b
+    Examples:
+      edgehft boards
+      edgehft boards --probe --json"""
     from edgehft.boards import list_boards
     boards = list_boards()
     found, lines = {}, []

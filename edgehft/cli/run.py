@@ -27,7 +27,12 @@ from edgehft.cli.common import (err, handles_errors, json_opt, main, out, run_fe
 @handles_errors
 def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity, emulate, device, overlay,
             as_json):
-    """Print predictions for TICKS, or check the golden vectors with --golden."""
+    """Print predictions for TICKS, or check the golden vectors with --golden.
+
+    \b
+    Examples:
+      edgehft run build/deeplob.cpu --golden
+      edgehft run build/deeplob.cpu --run-features --ticks FEED.gz --limit 5"""
     if not ticks and not golden:
         raise click.UsageError("give --ticks FILE or --golden")
     if golden:                       # a bundle without golden vectors says so before any runtime opens it

@@ -23,7 +23,11 @@ def sign_cmd(bundle, key, as_json):
     takes only bundles signed by a key listed there.
 
     Exit codes: 0 signed, 2 usage, 3 KEY is not a key ssh-keygen can sign with (or a wrong passphrase),
-    6 not a bundle or its files do not match its manifest, 7 ssh-keygen missing or older than OpenSSH 8.2."""
+    6 not a bundle or its files do not match its manifest, 7 ssh-keygen missing or older than OpenSSH 8.2.
+
+    \b
+    Example:
+      edgehft sign build/deeplob.cpu --key ~/.ssh/release_ed25519"""
     from edgehft.signing import NAMESPACE, sign_bundle
     res = sign_bundle(bundle, key)
     if as_json:

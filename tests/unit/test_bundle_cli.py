@@ -94,3 +94,15 @@ def test_compile_without_calib_is_a_usage_error(tmp_path):
                                     str(tmp_path / "b")])
     assert res.exit_code == 2 and "Missing option '--calib'" in res.output, res.output
     assert not (tmp_path / "b").exists()
+
+
+def test_every_command_has_an_example_and_the_top_level_help_lists_exit_codes():
+    """Issue 19: ``--help`` of every command shows one or two examples; ``edgehft --help`` lists the exit codes."""
+    r = CliRunner()
+    top = r.invoke(main, ["--help"], terminal_width=80)
+    text = " ".join(top.output.split())
+    assert top.exit_code == 0 and "Exit codes (every command): 0 ok," in text and "10 box unreachable" in text
+    assert sorted(main.commands) == sorted(main.list_commands(None)) and len(main.commands) >= 11
+    for name in main.commands:
+        res = r.invoke(main, [name, "--help"], terminal_width=80)
+        assert res.exit_code == 0 and "Example" in res.output and f"edgehft {name} " in res.output, (name, res.output)
