@@ -325,12 +325,7 @@ class Sidecar:
 
     def close(self) -> None:
         """Close the socket and remove its file (only if it is still this sidecar's)."""
-        self._sock.close()
-        try:
-            if os.stat(self.path).st_ino == self._ino:
-                os.unlink(self.path)
-        except OSError:
-            pass
+        release_socket(self._sock, self.path, self._ino)
 
     def _handle(self, n: int, flags: int, addr) -> None:
         if flags & socket.MSG_TRUNC:
