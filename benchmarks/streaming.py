@@ -136,7 +136,7 @@ def inline_pass(r, rows: np.ndarray, warmup: int, block: int = 500) -> dict:
     return {"push_us": pct(push_ns), "prepare_us": pct(prep_ns), "push_prepare_us": pct(both),
             "predict_us": pct(pred_ns), "samples": len(push_ns),
             "prepared_ahead": c["prepared_ahead"], "prepared_late": c["prepared_late"], "isa": d["isa"],
-            "head": d["head"], "macs": d["macs"]}
+            "head": d["head"], "macs": d["macs"], "macs_run": d.get("macs_run")}
 
 
 def thread_pass(r, rows: np.ndarray, core: int, gap_us: float, warmup: int) -> dict:
@@ -350,6 +350,9 @@ def keep_up_pass(r, paths: list[Path], n: int, steps: int, sleep: bool = False) 
 def print_report(rep: dict) -> None:
     a, m = rep["inline"], rep["inline"]["macs"] or {}
     mm = {k: f"{v / 1e6:.2g} M MACs" for k, v in m.items()}
+    run = a.get("macs_run")                      # a chain: what its kernels run (after the kernel-row split)
+    if m and run:
+        mm.update({k: f"{v / 1e6:.2g} M MACs run" for k, v in run.items()})
     print(f"{rep['model']}, plan {rep['plan']}, kernels {a['isa']} (CPU targets {', '.join(rep['targets'])}), "
           f"{rep['cpu']}, core {rep['core']}, {a['samples']} rows timed ({rep['rows_source']})")
     print(f"{'':48}{'p50':>9}{'p99':>9}{'p99.9':>9}{'mean':>9}   µs")
@@ -362,7 +365,9 @@ def print_report(rep: dict) -> None:
     print(f"push vs predict: p50 {a['predict_us']['p50'] / a['push_us']['p50']:.1f}x faster; push equal to predict "
           f"bit for bit: {rep['compared'] - rep['differ']} of {rep['compared']} outputs (untimed pass); head "
           f"{a['head']}; timed pass: {a['prepared_ahead']} windows prepared ahead, {a['prepared_late']} late"
-          + (f"; MACs per tick: push {m['critical']:,}, prepare {m['prepare']:,}, window {m['window']:,}" if m else ""))
+          + (f"; MACs per tick: push {m['critical']:,}, prepare {m['prepare']:,}, window {m['window']:,}" if m else "")
+          + (f"; MACs the kernels run per tick (no kernel row over padding, the rows received before the tick "
+             f"summed in prepare): push {run['critical']:,}, prepare {run['prepare']:,}" if run else ""))
     if rep.get("thread"):
         t = rep["thread"]
         share = t["prepared_ahead"] / max(1, t["outputs"])

@@ -21,7 +21,12 @@ A conv or pool computes a run of output rows ``[a, b)`` from the input rows they
 as explicit padding (:func:`edgehft.kernels.cpu.conv.geometry`): the same kernel code, weights and per-output
 sums as the whole-window call, so every row has the bits ``predict`` gives it (the bf16 conv kernel sums each
 output over its taps in a fixed order whatever the other outputs are; pools take a max; copies are copies).
-The LSTM runs :meth:`~edgehft.kernels.cpu.lstm.NativeLSTM.steps` on the projections in place. So ``push``
+A critical run of a conv along H is split by kernel rows (:meth:`~edgehft.kernels.cpu.conv.NativeConv2D.split`,
+not on AMX): its first rows' kernel rows that read only rows received before the tick (a (4,1) SAME conv's first
+three critical rows: 3, 2 and 1 of its 4) are summed in cold / prepare into a buffer the push's call starts from,
+in the order the whole conv sums them, so the bits stay predict's; no kernel row over the zero padding is summed
+(a zero product leaves the sum's bits alone). DeepLOB: 2.5 M MACs on the tick instead of the analysis' 3.1 M
+(:meth:`Plan.macs_run`). The LSTM runs :meth:`~edgehft.kernels.cpu.lstm.NativeLSTM.steps` on the projections in place. So ``push``
 equals ``predict`` of the same plan on the same window bit for bit on every dispatch target, which the tests
 check over a replayed day.
 
@@ -111,7 +116,18 @@ class Plan:
     output: np.ndarray | None = None
     h_last: np.ndarray | None = None
     kernels: list = field(default_factory=list)
+    buffers: list = field(default_factory=list)                       # arrays the calls write that no tensor owns
     isa: dict = field(default_factory=dict)
+    kernel_macs: dict = field(default_factory=lambda: {"prepare": 0, "critical": 0, "head": 0})   # per tick
+
+    def macs_run(self) -> dict:
+        """Multiply-accumulates the executor runs per tick, ``{"critical": push, "prepare": prepare}``: its row
+        calls' kernels as they run (:meth:`NativeConv2D.macs_per_run`: no kernel row over the zero padding, a
+        split conv's prefix in prepare), the LSTM's recurrent steps (4H x H each) and the head's fc. The streaming
+        analysis' figures count every kernel row of a critical row on the tick instead."""
+        H, S, P = self.lstm.hidden[0], self.lstm.timesteps, self.lstm_prepared
+        return {"critical": self.kernel_macs["critical"] + (S - P) * 4 * H * H + self.kernel_macs["head"],
+                "prepare": self.kernel_macs["prepare"] + P * 4 * H * H}
 
 
 def _rows_of(analysis, name: str):
@@ -190,31 +206,69 @@ class _Calls:
         self.plan, self.out, self.make, self.cache = plan, out, make, {}
         self.what = (st["kind"], tuple(st.get("ops") or [st["op"]]))
 
-    def add(self, ins, slab_of) -> None:
+    def kernel(self, key, fresh: bool = False):
+        """The kernel of geometry ``key`` (``make(key)``; shared between runs unless ``fresh``)."""
+        k = None if fresh else self.cache.get(key)
+        if k is None:
+            k = self.make(key)
+            self.plan.kernels.append(k)
+            if not fresh:
+                self.cache[key] = k
+        return k
+
+    def add(self, ins, slab_of, split_of=None) -> None:
         """``ins``: the step's input TimeTensors; ``slab_of((a, b))`` -> ``(lo, hi, key)``: the input rows a run
-        reads and the kernel's geometry key, ``make(key)`` the kernel."""
+        reads and the kernel's geometry key, ``make(key)`` the kernel. ``split_of((a, b))`` (convs) -> ``j0``: the
+        kernel rows of the run's first output row that read only rows received before the tick (0: none); a
+        critical run with ``0 < j0 <= b - a`` is split (:meth:`_split`)."""
         every = tuple(r for r in range(self.out.rows) if r not in set(self.out.critical))
         for phase, rows in (("cold", every), ("prepare", self.out.prepared), ("critical", self.out.critical)):
             for a, b in runs(rows):
                 lo, hi, key = slab_of((a, b))
-                k = self.cache.get(key)
-                if k is None:
-                    k = self.cache[key] = self.make(key)
-                    self.plan.kernels.append(k)
-                if int(np.prod(k.out.shape)) != (b - a) * self.out.row:
-                    raise _refuse(f"tensor {self.out.name!r}: rows {a}-{b - 1} do not fit the kernel's output "
-                                  f"{list(k.out.shape)}")
-                # the kernel reads (hi - lo) whole rows of each input: native.json's shapes must say so (a bundle is
-                # untrusted: a kernel built for wider rows than the tensor's would read past its buffer)
-                for t, shape in zip(ins, k.input_shapes):
-                    if int(np.prod(shape)) != (hi - lo) * t.row:
-                        raise _refuse(f"tensor {t.name!r}: {hi - lo} rows of {t.row} values do not fit the kernel "
-                                      f"input {list(shape)} of {self.out.name!r} (an inconsistent native.json)")
-                ptrs = getattr(k, "_ptrs", None) if len(ins) > 1 else None
-                srcs = tuple((t.addr, t.row_bytes, lo) for t in ins)
-                self.plan.calls[phase].append((k._run, k._h, srcs, self.out.addr, self.out.row_bytes, a, ptrs,
-                                               None if ptrs is None else ctypes.addressof(ptrs)))
-                self.plan.call_ops[phase].append((*self.what, a, b))
+                j0 = split_of((a, b)) if split_of is not None and phase == "critical" else 0
+                k = self.kernel(key)
+                if 0 < j0 <= b - a and getattr(k, "splittable", False):      # not on AMX
+                    self._split(ins, slab_of, (a, b), (lo, hi, key), j0)
+                    continue
+                self._append(phase, k, ins, lo, hi, (self.out.addr, self.out.row_bytes, a), (*self.what, a, b))
+
+    def _split(self, ins, slab_of, run, slab, j0: int) -> None:
+        """A critical run of a conv whose first rows' sums begin with kernel rows that read only rows received
+        before the tick: those parts (the prefix, :meth:`NativeConv2D.split`) move to cold and prepare, the
+        critical call (the suffix) starts from them: the same sums in the same order, fewer products on the tick."""
+        a, b = run
+        plo, phi, pkey = slab_of((a, a + j0))
+        prefix = self.kernel(pkey, fresh=True)
+        part = prefix.split("prefix", j0)
+        self.plan.buffers.append(part)
+        for phase in ("cold", "prepare"):
+            self._append(phase, prefix, ins, plo, phi, (part.ctypes.data, 0, 0),
+                         (f"{self.what[0]} prefix", self.what[1], a, a + j0))
+        lo, hi, key = slab
+        suffix = self.kernel(key, fresh=True)
+        suffix.split("suffix", j0, part)
+        self._append("critical", suffix, ins, lo, hi, (self.out.addr, self.out.row_bytes, a), (*self.what, a, b))
+
+    def _append(self, phase: str, k, ins, lo: int, hi: int, out: tuple, what: tuple) -> None:
+        """One call of kernel ``k`` reading rows ``[lo, hi)`` of ``ins``, writing ``out`` = (address, row bytes,
+        first row) (row bytes 0: a fixed buffer, a prefix's sums)."""
+        a, b = what[2:]
+        if int(np.prod(k.out.shape)) != (b - a) * self.out.row and out[1]:
+            raise _refuse(f"tensor {self.out.name!r}: rows {a}-{b - 1} do not fit the kernel's output "
+                          f"{list(k.out.shape)}")
+        # the kernel reads (hi - lo) whole rows of each input: native.json's shapes must say so (a bundle is
+        # untrusted: a kernel built for wider rows than the tensor's would read past its buffer)
+        for t, shape in zip(ins, k.input_shapes):
+            if int(np.prod(shape)) != (hi - lo) * t.row:
+                raise _refuse(f"tensor {t.name!r}: {hi - lo} rows of {t.row} values do not fit the kernel "
+                              f"input {list(shape)} of {self.out.name!r} (an inconsistent native.json)")
+        ptrs = getattr(k, "_ptrs", None) if len(ins) > 1 else None
+        srcs = tuple((t.addr, t.row_bytes, lo) for t in ins)
+        self.plan.calls[phase].append((k._run, k._h, srcs, *out, ptrs,
+                                       None if ptrs is None else ctypes.addressof(ptrs)))
+        self.plan.call_ops[phase].append(what)
+        if phase in self.plan.kernel_macs and hasattr(k, "macs_per_run"):
+            self.plan.kernel_macs[phase] += k.macs_per_run()
 
 
 def _conv_like(plan: Plan, st: dict, root, analysis, portable: bool) -> None:
@@ -242,6 +296,13 @@ def _conv_like(plan: Plan, st: dict, root, analysis, portable: bool) -> None:
         lo, hi, top, bottom = _slab(run, lead, k, in_hw[t])
         return lo, hi, (hi - lo, top, bottom)
 
+    def split_of(run):
+        # kernel rows of output row a reading only input rows before the first critical one (final before the tick)
+        # (time along H only: the kernel splits by kernel rows; a Conv1D's taps along W share one row)
+        if kind != "conv2d" or k < 2 or not src.critical or t != 0:
+            return 0
+        return max(0, min(k, min(src.critical) - (run[0] - lead)))
+
     def make(key):
         n, top, bottom = key
         hw, pads = _slab_kernel(t, n, other, (top, bottom), fixed)
@@ -253,7 +314,7 @@ def _conv_like(plan: Plan, st: dict, root, analysis, portable: bool) -> None:
         if kind == "pad":
             return NativePad(hw, C, pads)
         return NativeMaxPool2D(hw, C, (kh, kw), stride, pads, st["activation"])
-    _Calls(plan, out, make, st).add([src], slab_of)
+    _Calls(plan, out, make, st).add([src], slab_of, split_of)
 
 
 def _concat(plan: Plan, st: dict, analysis) -> None:
@@ -358,6 +419,7 @@ def _head(plan: Plan, st: dict, root, whole: dict, lstm_out: str) -> None:
         raise _refuse(f"op #{st['op']} {kind}: its input holds {whole[src].size} values, the kernel takes "
                       f"{list(k.input_shape)}")
     plan.kernels.append(k)
+    plan.kernel_macs["head"] += k.macs_per_run() if hasattr(k, "macs_per_run") else 0
     plan.head.append((k._run, k._h, whole[src].ctypes.data, k.out.ctypes.data))
     plan.head_ops.append((kind, tuple(st.get("ops") or [st["op"]])))
     whole[dst] = k.out

@@ -448,7 +448,8 @@ class Stream:
 
     def describe(self) -> dict:
         """What the stream runs: mode, core, isa, window, head (native | litert) and its check, the analysis'
-        MACs per tick (critical / prepare / whole window)."""
+        MACs per tick (critical / prepare / whole window) and, for a chain, the MACs its kernels run per tick
+        (``macs_run``: critical / prepare, after the kernel-row split; :meth:`edgehft.streaming.chain.Plan.macs_run`)."""
         a = self.plan.analysis
         return {"prepare": self.mode, "core": self.core, "isa": self.isa, "window": self.window_rows,
                 "row_shape": list(self.plan.row_shape), "executor": "lstm-stack" if self.plan.chain is None else "chain",
@@ -456,7 +457,8 @@ class Stream:
                 else list(self.plan.chain.lstm.hidden),
                 "head": self.head, "head_check": self.head_check,
                 "macs": None if a is None else {"critical": a.macs_critical, "prepare": a.macs_prepare,
-                                                "window": a.macs_full}}
+                                                "window": a.macs_full},
+                "macs_run": None if self.plan.chain is None else self.plan.chain.macs_run()}
 
     def close(self) -> None:
         """Stop the helper thread and free the executor; later calls raise RunnerStateError."""

@@ -79,6 +79,14 @@ def test_deeplob_a_day_of_ticks_every_push_equals_predict(deeplob_bf16, day_rows
         d = s.describe()
         assert (d["executor"], d["head"], d["window"], d["row_shape"], d["layers"]) == ("chain", "native", T, [40, 1], [64])
         assert d["macs"] == {"critical": 3_149_248, "prepare": 2_734_080, "window": 39_040_192}
+        # what the kernels run: off AMX each of the 8 (k,1) convs's critical rows sum their kernel rows over rows received
+        # before the tick in prepare (a (4,1) conv's first three critical rows: 3, 2, 1 of 4) and none over the
+        # zero padding: 641,024 of the analysis' 2,166,016 critical conv MACs leave the tick (AMX tiles sum every
+        # kernel row: the analysis' figures)
+        split = "CONV_2D amx" not in d["isa"]
+        prefixes = [c for c in s._native.plan.call_ops["prepare"] if c[0] == "conv2d prefix"]
+        assert (len(prefixes), d["macs_run"]) == ((8, {"critical": 2_508_224, "prepare": 3_088_384}) if split else
+                                                  (0, {"critical": 3_149_248, "prepare": 2_734_080}))
         assert _replay(r, s, day_rows) == (n - T + 1, 0)
         c = s.counters
         assert (c["outputs"], c["prepared_ahead"], c["prepared_late"], c["bad_rows"]) == (n - T + 1, n - T, 1, 0)

@@ -189,3 +189,52 @@ def test_conv_links_only_link_a_sole_reader_after_its_sole_writer():
     assert conv_links(chain([(b, "t", "z"), (a, "x", "t")])) == {}                               # read before written
     b.linkable = False
     assert conv_links(chain([(a, "x", "t"), (b, "t", "z")])) == {}
+
+
+SPLITS = [   # (H, W, C, Co), kernel rows kh, kw, explicit pads (top, bottom, left, right), j0
+    ((9, 5, 3, 20), 4, 1, (1, 2, 0, 0), 3),      # DeepLOB's (4, 1) SAME on a slab; odd kw*C; Co not of 16
+    ((9, 5, 3, 20), 4, 1, (1, 2, 0, 0), 1),
+    ((6, 20, 32, 32), 4, 1, (0, 2, 0, 0), 2),    # a critical run at the window's bottom
+    ((8, 1, 64, 64), 5, 1, (2, 2, 0, 0), 4),     # the inception's (5, 1) SAME
+    ((7, 10, 32, 32), 1, 10, (0, 0, 0, 0), 1),   # one kernel row: the prefix takes it all for row 0
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("geom", SPLITS, ids=lambda g: f"{g[0]}-{g[1]}x{g[2]}-j{g[4]}")
+def test_a_prefix_then_its_suffix_give_the_whole_convs_bits(geom, target):
+    (H, W, C, Co), kh, kw, pads, j0 = geom
+    rng = np.random.default_rng(kh * 100 + j0)
+    w = rng.standard_normal((Co, kh, kw, C)).astype(np.float32)
+    b = rng.standard_normal(Co).astype(np.float32)
+    x = rng.standard_normal((H, W, C)).astype(np.float32)
+    top, bottom = pads[:2]
+    with force_target(target):
+        whole = NativeConv2D(w, b, (H, W), C, (1, 1), pads, activation="leaky_relu", alpha=0.1)
+        if not whole.splittable:
+            with pytest.raises(ShapeError, match="AMX"):
+                whole.split("prefix", j0)
+            whole.close()
+            return
+        want = whole.run(x).copy()
+        Ho, Wo = want.shape[1:3]
+        # the prefix: output rows [0, j0) from the input rows they read (the window's edge as padding)
+        hi = min(H, j0 - top + kh - 1)
+        prefix = NativeConv2D(w, b, (hi, W), C, (1, 1), (top, j0 - top + kh - 1 - hi, *pads[2:]),
+                              activation="leaky_relu", alpha=0.1)
+        suffix = NativeConv2D(w, b, (H, W), C, (1, 1), pads, activation="leaky_relu", alpha=0.1)
+        part = prefix.split("prefix", j0)
+        suffix.split("suffix", j0, part)
+        part.fill(np.nan)                                  # the suffix reads part at every run, not at split
+        prefix.run(x[:hi])
+        assert np.isfinite(part).all() and part.shape == (j0 * Wo, -(-Co // 16) * 16)
+        got = suffix.run(x)
+        assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        # the suffix alone (prefix sums of zero) is not the whole conv where the prefix reads input rows (with
+        # j0 <= top it reads only the zero padding, which no sum takes)
+        part.fill(0.0)
+        assert np.array_equal(suffix.run(x)[:, :j0], want[:, :j0]) == (j0 <= top)
+        with pytest.raises(ShapeError, match="part must be"):
+            suffix.split("suffix", j0, part[:-1])
+        for k in (whole, prefix, suffix):
+            k.close()

@@ -55,6 +55,8 @@ def load_library(cache_dir: Path | str | None = None) -> ctypes.CDLL:
     lib.edgehft_conv_run_link.argtypes = [vp, vp, vp, vp]
     lib.edgehft_conv_own_buffer.restype = i32
     lib.edgehft_conv_own_buffer.argtypes = [vp]
+    lib.edgehft_conv_split.restype = i32
+    lib.edgehft_conv_split.argtypes = [vp, i32, i32, vp]
     lib.edgehft_conv_destroy.restype = None
     lib.edgehft_conv_destroy.argtypes = [vp]
     lib._edgehft_conv_typed = True
@@ -141,6 +143,8 @@ class NativeConv2D(NativeKernel):
             raise ShapeError(f"conv {kh}x{kw} stride {(sh, sw)} {padding} on {H}x{W}: {why}")
         Ho, Wo, ph, pw = geometry((H, W), (kh, kw), (sh, sw), padding)
         self.input_shape = (H, W, C)
+        self._taps = (H, kh, kw, sh, ph, Ho, Wo, Co)
+        self._split = (None, 0)
         self.out = np.zeros((1, Ho, Wo, Co), np.float32)
         self._lib = lib = load_library()
         dims = (ctypes.c_int * 12)(H, W, C, Co, kh, kw, sh, sw, ph, pw, Ho, Wo)
@@ -176,6 +180,60 @@ class NativeConv2D(NativeKernel):
             raise MemoryError("edgehft_conv_own_buffer: no memory for the next conv's bf16 input buffer")
         return functools.partial(self._lib.edgehft_conv_run_link, self._h, ctypes.c_void_p(x_ptr),
                                  ctypes.c_void_p(out_ptr), None if nxt is None else nxt._h)
+
+    @property
+    def splittable(self) -> bool:
+        """Whether :meth:`split` may split this conv's sums (every path but AMX, whose tiles sum in their own
+        order)."""
+        return self.isa != "amx"
+
+    def split(self, role: str, j0: int, part: np.ndarray | None = None) -> np.ndarray | None:
+        """Split each output's sum by kernel rows (the stream executor, issue 21): output row ``oy`` takes kernel
+        rows below ``j0 - oy`` in the ``"prefix"`` and the rest in the ``"suffix"``. A prefix conv (``Ho <= j0``)
+        then writes its raw sums (no bias, no activation) to the array it returns, ``(Ho * Wo, Cop)`` float32
+        (``Cop``: Co rounded up to 16), which replaces :attr:`out`; a suffix conv (``j0 <= Ho``) starts the sums of
+        its rows ``oy < j0`` from ``part`` (a prefix's output, read at each run and kept alive by the caller).
+        Prefix then suffix give each output the bits of the unsplit conv (the same kernel rows in the same order
+        from the same start), on every path but AMX. Raises ShapeError for a bad role, ``j0`` or ``part``, or on
+        an AMX conv (:attr:`splittable`)."""
+        Ho, Wo, Co = self._taps[5:]
+        Cop = -(-Co // 16) * 16
+        if not self.splittable:
+            raise ShapeError("an AMX conv's sums cannot be split (its tiles sum in their own order)")
+        if role == "prefix":
+            buf = np.zeros((Ho * Wo, Cop), np.float32)
+            rc = self._lib.edgehft_conv_split(self._h, 1, int(j0), None)
+        elif role == "suffix":
+            if not isinstance(part, np.ndarray) or part.dtype != np.float32 or part.shape != (int(j0) * Wo, Cop) \
+                    or not part.flags.c_contiguous:
+                raise ShapeError(f"part must be a C-contiguous ({int(j0) * Wo}, {Cop}) float32 array")
+            buf = None
+            rc = self._lib.edgehft_conv_split(self._h, 2, int(j0), part.ctypes.data)
+        else:
+            raise ShapeError(f"role {role!r}: prefix or suffix")
+        if rc:
+            raise ShapeError(f"cannot split the {Ho}-row conv at j0={j0} as {role} (edgehft_conv_split: {rc})")
+        self._split = (role, int(j0))
+        if buf is not None:
+            self.out = buf
+            self._outp = ctypes.c_void_p(buf.ctypes.data)
+        return buf
+
+    def macs_per_run(self) -> int:
+        """Multiply-accumulates one :meth:`run` performs: per output row the kernel rows it sums (cpu_conv.cpp's
+        ``tap_range``: not those over the zero padding, and of a :meth:`split` conv only its part; AMX sums every
+        kernel row) x Wo x kw x C x Co."""
+        H, kh, kw, sh, ph, Ho, Wo, Co = self._taps
+        role, j0 = self._split
+        rows = 0
+        for oy in range(Ho):
+            lo, hi = (0, kh) if self.isa == "amx" else (max(0, ph - oy * sh), min(kh, H + ph - oy * sh))
+            if role == "prefix":
+                hi = min(hi, j0 - oy)
+            elif role == "suffix":
+                lo = max(lo, j0 - oy)
+            rows += max(0, hi - lo)
+        return rows * Wo * kw * self.input_shape[2] * Co
 
     def run(self, x: np.ndarray) -> np.ndarray:
         """``x``: ``(H, W, C)`` or ``(1, H, W, C)`` float32 -> :attr:`out`."""

@@ -86,7 +86,37 @@ struct Conv {
     bool amx;                // runs on AMX tiles
     bool dpbf16;             // runs on AVX512_BF16's VDPBF16PS
     int slot;                // the Highway target slot (cpu_dispatch.h) of the SIMD code and epilogue
+    int role;                // kWhole, or a tap split (edgehft_conv_split): kPrefix / kSuffix
+    int split;               // a split's j0: output row oy's first j0 - oy kernel rows are the prefix's
+    const float* part;       // kSuffix: the prefix's raw sums [split * Wo][Cop] (rows oy < split start from them)
 };
+
+enum Role { kWhole = 0, kPrefix = 1, kSuffix = 2 };
+
+// The kernel rows [*i0, *i1) output row oy sums (SIMD and VDPBF16PS paths): the rows that read the input, not its
+// zero padding (a product with a padding zero adds +-0 to a sum that starts at +0 and, rounding to nearest, is
+// never -0: skipping it leaves every bit alone), and of a split only its part: the prefix takes rows below
+// split - oy, the suffix the rest. Empty (*i0 == *i1) when nothing is left.
+inline void tap_range(const Conv& k, int oy, int* i0, int* i1) {
+    int lo = std::max(0, k.ph - oy * k.sh), hi = std::min(k.kh, k.H + k.ph - oy * k.sh);
+    if (k.role == kPrefix) hi = std::min(hi, k.split - oy);
+    if (k.role == kSuffix) lo = std::max(lo, k.split - oy);
+    *i0 = lo;
+    *i1 = std::max(lo, hi);
+}
+
+// The end of the run of output rows from oy0 that sum the same kernel rows (and all or none start from a prefix).
+inline int row_group_end(const Conv& k, int oy0) {
+    int a0, a1, b0, b1;
+    tap_range(k, oy0, &a0, &a1);
+    const bool init = k.role == kSuffix && oy0 < k.split;
+    int oy = oy0 + 1;
+    for (; oy < k.Ho; ++oy) {
+        tap_range(k, oy, &b0, &b1);
+        if (b0 != a0 || b1 != a1 || init || (k.role == kSuffix && oy < k.split)) break;
+    }
+    return oy;
+}
 
 // The largest finite bfloat16 (0x7F7F, cpu_dispatch.h). Inputs beyond it saturate there instead of rounding
 // to inf (an fp32 conv of a large but finite value stays finite; a NaN stays NaN).
@@ -213,10 +243,16 @@ void Epilogue(const Conv& k, const float* HWY_RESTRICT acc, int ld, float* HWY_R
     }
 }
 
-// P pixels (from m0) x NV vectors of output channels (from c0): sums over every kernel row and its kw*C
-// run, in that order, then the epilogue.
+// Where a block's sums start and which kernel rows they take (one row group: tap_range, row_group_end).
+struct Taps {
+    int i0, i1;                          // kernel rows [i0, i1)
+    const float* init;                   // a suffix's prefix sums [pixel][Cop] from pixel 0, or null: from +0
+};
+
+// P pixels (from m0) x NV vectors of output channels (from c0): sums over kernel rows [t.i0, t.i1) and the kw*C
+// run of each, in that order, then the epilogue (a prefix: the raw sums to out [pixel][Cop]).
 template <int P, int NV>
-HWY_INLINE void Block(const Conv& k, int m0, int c0, float* HWY_RESTRICT out) {
+HWY_INLINE void Block(const Conv& k, int m0, int c0, float* HWY_RESTRICT out, const Taps& t) {
     const D d;
     const int L = static_cast<int>(hn::Lanes(d));
     const int kwc = k.kw * k.C, Cop = k.NB * 16;
@@ -228,8 +264,9 @@ HWY_INLINE void Block(const Conv& k, int m0, int c0, float* HWY_RESTRICT out) {
     }
     V acc[P][NV];
     for (int p = 0; p < P; ++p)
-        for (int v = 0; v < NV; ++v) acc[p][v] = hn::Zero(d);
-    for (int i = 0; i < k.kh; ++i) {
+        for (int v = 0; v < NV; ++v)
+            acc[p][v] = t.init ? hn::LoadU(d, t.init + static_cast<size_t>(m0 + p) * Cop + c0 + v * L) : hn::Zero(d);
+    for (int i = t.i0; i < t.i1; ++i) {
         const float* HWY_RESTRICT w = k.wf + static_cast<size_t>(i) * kwc * Cop + c0;
         const size_t xo = i * row;
         for (int q = 0; q < kwc; ++q) {
@@ -241,34 +278,46 @@ HWY_INLINE void Block(const Conv& k, int m0, int c0, float* HWY_RESTRICT out) {
             }
         }
     }
+    if (k.role == conv::kPrefix) {
+        for (int p = 0; p < P; ++p)
+            for (int v = 0; v < NV; ++v) hn::StoreU(acc[p][v], d, out + static_cast<size_t>(m0 + p) * Cop + c0 + v * L);
+        return;
+    }
     for (int p = 0; p < P; ++p)
         for (int v = 0; v < NV && c0 + v * L < k.Co; ++v)
             StoreOut(k, d, acc[p][v], c0 + v * L, out + static_cast<size_t>(m0 + p) * k.Co);
 }
 
 template <int P, int NV>
-HWY_INLINE void BlockP(int np, const Conv& k, int m0, int c0, float* out) {
-    if (np == P) Block<P, NV>(k, m0, c0, out);
+HWY_INLINE void BlockP(int np, const Conv& k, int m0, int c0, float* out, const Taps& t) {
+    if (np == P) Block<P, NV>(k, m0, c0, out, t);
     if constexpr (P > 1) {
-        if (np < P) BlockP<P - 1, NV>(np, k, m0, c0, out);
+        if (np < P) BlockP<P - 1, NV>(np, k, m0, c0, out, t);
     }
 }
 
-// Every pixel block for the channel block at c0 of NV vectors.
+// Pixels [m0, m1) (one row group) for the channel block at c0 of NV vectors.
 template <int NV>
-HWY_INLINE void Pixels(int nv, const Conv& k, int c0, float* out) {
+HWY_INLINE void Pixels(int nv, const Conv& k, int c0, float* out, int m0, int m1, const Taps& t) {
     if (nv == NV) {
-        for (int m0 = 0; m0 < k.M; m0 += kPix) BlockP<kPix, NV>(std::min(kPix, k.M - m0), k, m0, c0, out);
+        for (int m = m0; m < m1; m += kPix) BlockP<kPix, NV>(std::min(kPix, m1 - m), k, m, c0, out, t);
     }
     if constexpr (NV > 1) {
-        if (nv < NV) Pixels<NV - 1>(nv, k, c0, out);
+        if (nv < NV) Pixels<NV - 1>(nv, k, c0, out, m0, m1, t);
     }
 }
 
 void Run(const Conv& k, float* HWY_RESTRICT out) {
     const int L = static_cast<int>(hn::Lanes(D()));
     const int nvt = k.NB * 16 / L;
-    for (int v0 = 0; v0 < nvt; v0 += kVecs) Pixels<kVecs>(std::min(kVecs, nvt - v0), k, v0 * L, out);
+    for (int oy0 = 0, oy1; oy0 < k.Ho; oy0 = oy1) {
+        oy1 = conv::row_group_end(k, oy0);
+        Taps t;
+        conv::tap_range(k, oy0, &t.i0, &t.i1);
+        t.init = k.role == conv::kSuffix && oy0 < k.split ? k.part : nullptr;
+        for (int v0 = 0; v0 < nvt; v0 += kVecs)
+            Pixels<kVecs>(std::min(kVecs, nvt - v0), k, v0 * L, out, oy0 * k.Wo, oy1 * k.Wo, t);
+    }
 }
 
 }  // namespace
@@ -427,10 +476,12 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_block(Conv* k, const uint1
 
 // AVX512_BF16: P pixels x NV 16-channel blocks (from block nb0) into the block scratch (row p - m0 at
 // k->acc + (p - m0) * NB * 16). Per output lane VDPBF16PS adds one bf16 pair's two exact products (the odd
-// element's first) to the fp32 sum, pairs in ascending order of kernel row then kw*C position; the B
-// vectors are the AMX B tiles' rows (16 channels x one pair), the A value one input pair broadcast.
+// element's first) to the fp32 sum, pairs in ascending order of kernel row (rows [i0, i1): tap_range) then kw*C
+// position; the B vectors are the AMX B tiles' rows (16 channels x one pair), the A value one input pair
+// broadcast. The sums start at +0, or at a suffix's prefix sums (init: [pixel][NB * 16] from pixel 0).
 template <int P, int NV>
-__attribute__((target("avx512f,avx512bf16"))) void dp_block(const Conv* k, int m0, int nb0) {
+__attribute__((target("avx512f,avx512bf16"))) void dp_block(const Conv* k, int m0, int nb0, int i0, int i1,
+                                                           const float* init) {
     const size_t C = k->C, row = static_cast<size_t>(k->Wp) * C, tile = 16 * 32;
     const int KB = k->KB, NB = k->NB, pairs = (k->kw * k->C + 1) / 2;
     const uint16_t* px[P];
@@ -441,8 +492,10 @@ __attribute__((target("avx512f,avx512bf16"))) void dp_block(const Conv* k, int m
     }
     __m512 acc[P][NV];
     for (int p = 0; p < P; ++p)
-        for (int v = 0; v < NV; ++v) acc[p][v] = _mm512_setzero_ps();
-    for (int i = 0; i < k->kh; ++i) {
+        for (int v = 0; v < NV; ++v)
+            acc[p][v] = init ? _mm512_loadu_ps(init + (static_cast<size_t>(m0 + p) * NB + nb0 + v) * 16)
+                             : _mm512_setzero_ps();
+    for (int i = i0; i < i1; ++i) {
         const uint16_t* w = k->wt + static_cast<size_t>(i) * KB * NB * tile;
         for (int j = 0; j < pairs; ++j) {
             const uint16_t* wj = w + (static_cast<size_t>(j / 16) * NB + nb0) * tile + (j % 16) * 32;
@@ -461,24 +514,33 @@ __attribute__((target("avx512f,avx512bf16"))) void dp_block(const Conv* k, int m
 }
 
 template <int P, int NV>
-void dp_blocks(int np, int nv, const Conv* k, int m0, int nb0) {
+void dp_blocks(int np, int nv, const Conv* k, int m0, int nb0, int i0, int i1, const float* init) {
     if (nv < NV) {
-        if constexpr (NV > 1) dp_blocks<P, NV - 1>(np, nv, k, m0, nb0);
+        if constexpr (NV > 1) dp_blocks<P, NV - 1>(np, nv, k, m0, nb0, i0, i1, init);
     } else if (np < P) {
-        if constexpr (P > 1) dp_blocks<P - 1, NV>(np, nv, k, m0, nb0);
+        if constexpr (P > 1) dp_blocks<P - 1, NV>(np, nv, k, m0, nb0, i0, i1, init);
     } else {
-        dp_block<P, NV>(k, m0, nb0);
+        dp_block<P, NV>(k, m0, nb0, i0, i1, init);
     }
 }
 
-// The whole conv on VDPBF16PS: pixel blocks of 6 (6 x 4 accumulators), all channel blocks (4 at a time)
-// into the scratch, then the AVX3 epilogue.
+// The whole conv on VDPBF16PS: per row group (row_group_end), pixel blocks of 6 (6 x 4 accumulators), all channel
+// blocks (4 at a time) into the scratch, then the AVX3 epilogue (a prefix: the raw sums to out [pixel][NB * 16]).
 void run_dp(Conv* k, float* out) {
     constexpr int kP = 6;
-    for (int m0 = 0; m0 < k->M; m0 += kP) {
-        const int np = std::min(kP, k->M - m0);
-        for (int nb0 = 0; nb0 < k->NB; nb0 += 4) dp_blocks<kP, 4>(np, std::min(4, k->NB - nb0), k, m0, nb0);
-        emit(k, k->acc, out, m0, m0 + np);
+    const size_t ld = static_cast<size_t>(k->NB) * 16;
+    for (int oy0 = 0, oy1; oy0 < k->Ho; oy0 = oy1) {
+        oy1 = conv::row_group_end(*k, oy0);
+        int i0, i1;
+        conv::tap_range(*k, oy0, &i0, &i1);
+        const float* init = k->role == conv::kSuffix && oy0 < k->split ? k->part : nullptr;
+        for (int m0 = oy0 * k->Wo, m1 = oy1 * k->Wo; m0 < m1; m0 += kP) {
+            const int np = std::min(kP, m1 - m0);
+            for (int nb0 = 0; nb0 < k->NB; nb0 += 4)
+                dp_blocks<kP, 4>(np, std::min(4, k->NB - nb0), k, m0, nb0, i0, i1, init);
+            if (k->role == conv::kPrefix) memcpy(out + m0 * ld, k->acc, np * ld * sizeof(float));
+            else emit(k, k->acc, out, m0, m0 + np);
+        }
     }
 }
 
@@ -625,6 +687,28 @@ int edgehft_conv_run(void* h, const float* x, float* out) {
     return 0;
 }
 
+// Split the conv's sums by kernel rows (the stream executor, issue 21: the part of a sum that reads only rows
+// received before the tick is computed ahead of it). Output row oy's kernel rows below split - oy are the prefix's,
+// the rest the suffix's. role 1 (prefix): edgehft_conv_run writes the raw sums of the prefix rows (no bias, no
+// activation) to out as [Ho * Wo][Cop] float32 (Cop = Co rounded up to 16); every output row must lie in the split
+// (Ho <= split). role 2 (suffix): rows oy < split start from part (a prefix's output, [split * Wo][Cop], read at
+// every run) and add the rest, then bias and activation as usual (split <= Ho). Each sum then takes its kernel rows
+// in the order the whole conv takes them, from the same start: a prefix then its suffix give the whole conv's bits.
+// Returns 0; -1 on a bad role, split or part; -2 on an AMX conv (its tiles sum in their own order: not split).
+int edgehft_conv_split(void* h, int role, int split, const float* part) {
+    Conv* k = static_cast<Conv*>(h);
+    if (k->amx) return -2;
+    if (role == conv::kPrefix && split >= k->Ho && split >= 1) {
+        k->role = role; k->split = split; k->part = nullptr;
+        return 0;
+    }
+    if (role == conv::kSuffix && split >= 1 && split <= k->Ho && part) {
+        k->role = role; k->split = split; k->part = part;
+        return 0;
+    }
+    return -1;
+}
+
 // Give the conv its own bf16 input buffer (once), for edgehft_conv_run_link: zeroed, and only its interior is
 // ever written, so its padding stays zero. Returns 0, -1 out of memory, -2 on a conv not on AMX or VDPBF16PS.
 int edgehft_conv_own_buffer(void* h) {
@@ -646,7 +730,7 @@ int edgehft_conv_run_link(void* h, const float* x, float* out, void* nxt) {
     Conv* k = static_cast<Conv*>(h);
     Conv* n = static_cast<Conv*>(nxt);
 #ifdef EDGEHFT_AMX
-    if (!(k->amx || k->dpbf16) || (!x && !k->own)) return -2;
+    if (!(k->amx || k->dpbf16) || (!x && !k->own) || k->role != conv::kWhole) return -2;
     if (n && (!(n->amx || n->dpbf16) || n->H != k->Ho || n->W != k->Wo || n->C != k->Co)) return -2;
     if (n && !n->own) return -2;
     if (x) {

@@ -193,6 +193,11 @@ class NativeDense(NativeKernel):
             raise MemoryError("edgehft_dense_create failed")
         self._h, self._outp, self._run = ctypes.c_void_p(h), ctypes.c_void_p(self.out.ctypes.data), lib.edgehft_dense_run
         self.isa = build.slot_name(lib.edgehft_dense_slot(self._h))
+        self._macs = int(rows) * N * M
+
+    def macs_per_run(self) -> int:
+        """Multiply-accumulates one :meth:`run` performs: rows x N x M."""
+        return self._macs
 
     def run(self, x: np.ndarray) -> np.ndarray:
         x = _check(x, self.input_shape)
