@@ -11,7 +11,8 @@ from rich.table import Table
 from edgehft.bundle_checks import bundle_windows, check_golden, golden_compare, golden_mismatch
 from edgehft.report import printable
 
-MAX_CALLS = 100_000_000       # timed calls a bench keeps (8 bytes each: 800 MB of latencies)
+from edgehft.bench.replay import MAX_TIMED as MAX_CALLS     # timed calls a bench keeps (8 bytes each: 800 MB)
+from edgehft.bench.replay import WARMUP
 from edgehft.cli.common import (err, handles_errors, json_opt, main, out, run_features_opt, runner_opts,
                                 ticks_opt, open_runner)
 
@@ -84,10 +85,15 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
 @run_features_opt
 @click.option("--replay", "mode", type=click.Choice(["max", "recorded", "burst"]), default="max",
               show_default=True, help="Back to back, at the recorded inter-arrival times, or in bursts.")
-@click.option("--warmup", default=200, show_default=True, type=click.IntRange(min=0, max=MAX_CALLS),
-              help="Calls before timing starts.")
+@click.option("--warmup", default=None, type=click.IntRange(min=0, max=MAX_CALLS), metavar="N",
+              help=f"Untimed calls before timing starts (default {WARMUP}, as the pytest plugin's --edgehft-warmup "
+                   "and deploy's latency gate).")
+@click.option("--warmup-s", "warmup_s", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Warm up for this long instead of --warmup calls.")
 @click.option("--samples", default=0, type=click.IntRange(min=0, max=MAX_CALLS),
               help="Timed calls (default: one per window, cycling if needed).")
+@click.option("--duration", "duration_s", default=None, type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS", help="Time calls for this long instead of --samples calls.")
 @click.option("--speed", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="recorded: replay this many times faster.")
 @click.option("--burst-size", default=32, show_default=True, type=click.IntRange(min=1),
@@ -123,9 +129,9 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
 @runner_opts
 @json_opt
 @handles_errors
-def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, percentiles,
-              export_times, profile, top, streaming, batch, soak, swap_every, board, threads, affinity, emulate, device,
-              overlay, as_json):
+def bench_cmd(bundle, ticks, run_features, mode, warmup, warmup_s, samples, duration_s, speed, burst_size,
+              burst_gap_us, plot, percentiles, export_times, profile, top, streaming, batch, soak, swap_every, board,
+              threads, affinity, emulate, device, overlay, as_json):
     """Replay real ticks through BUNDLE and print latency percentiles in µs (or, with --profile, time per op; with
     --streaming, one row per tick through the streaming runtime). Without --ticks, the bundle's golden inputs back
     to back (said in the output).
@@ -133,54 +139,78 @@ def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_s
     \b
     Examples:
       edgehft bench build/deeplob.cpu --ticks FEED.gz --run-features --samples 5000 --affinity 0
-      edgehft bench build/deeplob.cpu --percentile 50,99,99.9 --export-times times.csv"""
-    from edgehft.bench.fingerprint import machine_fingerprint
-    from edgehft.bench.replay import (check_plot_target, export_latencies, export_target, histogram_png,
-                                      percentile_report, replay)
+      edgehft bench build/deeplob.cpu --warmup-s 0.2 --duration 10 --percentile 50,99,99.9 --export-times t.csv"""
+    runner_args = (board, threads, affinity, emulate, device, overlay, as_json)
+    _check_run_length(warmup, warmup_s, samples, duration_s,
+                      other=soak is not None or swap_every is not None or profile or streaming or batch is not None)
+    warmup = WARMUP if warmup is None else warmup
     if soak is not None or swap_every is not None:
         if profile or streaming or plot or batch is not None or samples or mode == "burst":
             raise click.UsageError("--soak serves the bundle on its own: drop --profile, --streaming, --plot, --batch, "
                                    "--samples and --replay burst")
-        return _bench_soak(bundle, ticks, run_features, mode, warmup, speed, soak, swap_every,
-                           (board, threads, affinity, emulate, device, overlay, as_json))
+        return _bench_soak(bundle, ticks, run_features, mode, warmup, speed, soak, swap_every, runner_args)
     if plot:
+        from edgehft.bench.replay import check_plot_target
         check_plot_target(plot)
     if batch is not None:
         if profile or streaming or plot:
             raise click.UsageError("--batch times predict_many on its own: drop --profile, --streaming and --plot")
-        return _bench_batch(bundle, ticks, run_features, _batch_sizes(batch),
-                            (board, threads, affinity, emulate, device, overlay, as_json))
+        return _bench_batch(bundle, ticks, run_features, _batch_sizes(batch), runner_args)
     if streaming:
         if not ticks:
             raise click.UsageError("give --ticks FILE")
         return _bench_streaming(bundle, ticks, run_features, dict(mode=mode, warmup=warmup, samples=samples or None,
                                 speed=speed, burst_size=burst_size, burst_gap_us=burst_gap_us), plot,
-                                (board, threads, affinity, emulate, device, overlay, as_json), profile)
+                                runner_args, profile)
     if profile:
-        return _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate,
-                        device, overlay, as_json)
-    pcts = _percentile_list(percentiles)
+        return _profile(bundle, ticks, run_features, warmup, samples, top, *runner_args)
+    replay_kw = dict(mode=mode, warmup=warmup, samples=samples or None, speed=speed, burst_size=burst_size,
+                     burst_gap_us=burst_gap_us, warmup_s=warmup_s, duration_s=duration_s, max_samples=MAX_CALLS)
+    _bench_replay(bundle, ticks, run_features, replay_kw, _percentile_list(percentiles), export_times, plot,
+                  runner_args)
+
+
+def _check_run_length(warmup, warmup_s, samples, duration_s, other: bool) -> None:
+    """A bench's warm-up and timed run each by count or by time, not both; by time only for the replay.
+
+    Raises:
+        click.UsageError (exit 2): naming the two options given together, or the mode that takes no time."""
+    if warmup is not None and warmup_s is not None:
+        raise click.UsageError("--warmup N and --warmup-s SECONDS both set the warm-up: give one")
+    if samples and duration_s is not None:
+        raise click.UsageError("--samples N and --duration SECONDS both set how long to time: give one")
+    if other and (warmup_s is not None or duration_s is not None):
+        raise click.UsageError("--warmup-s and --duration time the replay: with --profile, --streaming, --batch or "
+                               "--soak give --warmup N and --samples N")
+
+
+def _bench_replay(bundle, ticks, run_features, replay_kw: dict, pcts: list[float], export_times, plot,
+                  runner_args) -> None:
+    """``bench`` (the replay): :func:`edgehft.bench.replay.replay` on the tick windows (else the golden inputs),
+    with the export, plot and report (a table, or JSON with ``--json``)."""
+    from edgehft.bench.fingerprint import machine_fingerprint
+    from edgehft.bench.replay import export_latencies, export_target, histogram_png, percentile_report, replay
+    from edgehft.hil.checks import predict_fn, replay_source
     if export_times:
         export_target(export_times)
-    with open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
-        from edgehft.hil.checks import predict_fn, replay_source
+    with open_runner(bundle, *runner_args) as r:
         xs, t_ns, source = replay_source(r, list(ticks) or None, run_features=run_features)
         if source["kind"] == "ticks":
             xs = np.ascontiguousarray(xs, dtype=np.float32)
         predict, x = predict_fn(r, xs)
-        res = replay(predict, x, t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,
-                     burst_size=burst_size, burst_gap_us=burst_gap_us)
+        res = replay(predict, x, t_ns, **replay_kw)
         report = {"bundle": str(r.bundle.path), "runner": r.describe(), "plan": _plan_of(r),
-                  "plan_source": getattr(r, "plan_source", None), **res.summary(), **percentile_report(res, pcts),
-                  "source": source, "budget_us": dict(r.board_spec.latency_budget_us),
-                  "speed": speed if mode == "recorded" else None, "fingerprint": machine_fingerprint()}
+                  "plan_source": getattr(r, "plan_source", None), **res.summary(),
+                  **percentile_report(res, pcts), "source": source, "budget_us": dict(r.board_spec.latency_budget_us),
+                  "speed": replay_kw["speed"] if replay_kw["mode"] == "recorded" else None,
+                  "fingerprint": machine_fingerprint()}
     if export_times:
         report["export_times"] = export_latencies(res, export_times)
     if plot:
-        histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, replay {mode}, "
+        histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, replay {replay_kw['mode']}, "
                                  f"{len(res.latency_ns)} calls")
         report["plot"] = plot
-    if as_json:
+    if runner_args[-1]:
         click.echo(json.dumps(report))
         return
     print_bench(report)
@@ -188,6 +218,8 @@ def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_s
 
 def _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate, device, overlay,
              as_json):
+    """``bench --profile``: :func:`edgehft.bench.profile.profile_runner` (``samples`` rounds, default 200, after at
+    most 50 warm-up), as a table or JSON."""
     from edgehft.bench.fingerprint import machine_fingerprint
     from edgehft.bench.profile import print_profile, profile_runner
     with open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
@@ -362,11 +394,20 @@ def _plan_of(runner) -> str:
     return getattr(runner, "plan", None) or runner.bundle.manifest.quantization.mode
 
 
+def _run_length(report: dict) -> str:
+    """``50 samples after 100 warm-up``, or by time ``21,034 samples in 2 s after 0.2 s warm-up (1,650 calls)``."""
+    timed = f"{report['samples']:,} samples" + (f" in {report['duration_s']:g} s" if report.get("duration_s") else "")
+    warm = (f"{report['warmup_s']:g} s warm-up ({report['warmup']:,} calls)" if report.get("warmup_s")
+            else f"{report['warmup']:,} warm-up")
+    return f"{timed} after {warm}"
+
+
 def print_bench(report: dict) -> None:
+    """The replay bench as people read it (80 columns): the percentiles table, min / mean / std / calls/s, the
+    notes (thin percentiles, golden inputs, exports, budget, gaps, start delay) and the machine."""
     lat = report["latency_us"]
     from rich import box
-    t = Table(title=f"latency of predict, µs — {report['samples']} samples after {report['warmup']} warm-up, "
-                    f"replay {report['mode']}" + (" [bold](EMULATED board)[/]" if report["runner"]["emulated"] else ""),
+    t = Table(title=f"latency of predict, µs — {_run_length(report)}, replay {report['mode']}" + (" [bold](EMULATED board)[/]" if report["runner"]["emulated"] else ""),
               title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))        # 80 columns: 7 percentiles
     pct, thin = report["percentiles_us"], {f"p{x['p']:g}" for x in report["thin_percentiles"]}
     cols = [(f"{k}*" if k in thin else k, v) for k, v in pct.items()] + [("max", lat["max"])]
