@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import click
@@ -187,13 +188,18 @@ def _check_run_length(warmup, warmup_s, samples, duration_s, other: bool) -> Non
 def _bench_replay(bundle, ticks, run_features, replay_kw: dict, pcts: list[float], export_times, plot,
                   runner_args) -> None:
     """``bench`` (the replay): :func:`edgehft.bench.replay.replay` on the tick windows (else the golden inputs),
-    with the export, plot and report (a table, or JSON with ``--json``)."""
-    from edgehft.bench.fingerprint import machine_fingerprint
+    with the export, plot and report (a table, or JSON with ``--json``). Beside the steady state it reports
+    ``open_ms`` (opening the bundle: ``runtime.open``, the runner made ready), ``first_call_us`` (the first
+    ``predict`` after that, a warm-up call unless ``--warmup 0``) and ``memory`` (:func:`process_memory`, MiB,
+    after the replay)."""
+    from edgehft.bench.fingerprint import machine_fingerprint, process_memory
     from edgehft.bench.replay import export_latencies, export_target, histogram_png, percentile_report, replay
     from edgehft.hil.checks import predict_fn, replay_source
     if export_times:
         export_target(export_times)
+    t_open = time.perf_counter_ns()
     with open_runner(bundle, *runner_args) as r:
+        open_ms = (time.perf_counter_ns() - t_open) / 1e6
         xs, t_ns, source = replay_source(r, list(ticks) or None, run_features=run_features)
         if source["kind"] == "ticks":
             xs = np.ascontiguousarray(xs, dtype=np.float32)
@@ -203,6 +209,7 @@ def _bench_replay(bundle, ticks, run_features, replay_kw: dict, pcts: list[float
                   "plan_source": getattr(r, "plan_source", None), **res.summary(),
                   **percentile_report(res, pcts), "source": source, "budget_us": dict(r.board_spec.latency_budget_us),
                   "speed": replay_kw["speed"] if replay_kw["mode"] == "recorded" else None,
+                  "open_ms": open_ms, "first_call_us": res.first_call_ns / 1e3, "memory": process_memory(),
                   "fingerprint": machine_fingerprint()}
     if export_times:
         report["export_times"] = export_latencies(res, export_times)
@@ -236,6 +243,11 @@ def _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, 
 def _us(v: float) -> str:
     """µs as the bench tables show them: one decimal below 1,000, none above."""
     return f"{v:,.1f}" if v < 1000 else f"{v:,.0f}"
+
+
+def _mib(v) -> str:
+    """MiB as the bench tables show them (``n/a`` where the platform did not say)."""
+    return "n/a" if v is None else f"{v:,.1f} MiB"
 
 
 def _percentile_list(text: str) -> list[float]:
@@ -417,6 +429,10 @@ def print_bench(report: dict) -> None:
     out.print(t)
     out.print(f"min {_us(report['min_us'])}, mean {_us(lat['mean'])}, std {_us(lat['std'])} µs; "
               f"{report['throughput_per_s']:,.0f} calls/s", highlight=False)
+    if "open_ms" in report:
+        mem = report["memory"]
+        out.print(f"open {report['open_ms']:,.1f} ms, first call {_us(report['first_call_us'])} µs; memory: RSS "
+                  f"{_mib(mem['rss_mib'])}, peak {_mib(mem['peak_rss_mib'])}", highlight=False)
     for x in report["thin_percentiles"]:
         out.print(f"*: p{x['p']:g} from {report['samples']:,} samples (it needs {x['needs']:,}): about the slowest "
                   "call, not a percentile; give --samples", highlight=False)

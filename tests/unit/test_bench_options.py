@@ -104,3 +104,30 @@ def test_one_warmup_default_for_bench_the_plugin_and_the_deploy_gate(tiny):
     assert rep["warmup"] == 100 and rep["warmup_s"] is None and rep["samples"] == 20
     help_text = " ".join(CliRunner().invoke(main, ["bench", "--help"], terminal_width=120).output.split())
     assert "(default 100, as the pytest plugin's" in help_text
+
+
+def test_bench_reports_open_first_call_and_memory(tiny, tmp_path):
+    """Open time (ms), the first call (µs: with --warmup 0 it is the first exported latency) and the memory
+    footprint (MiB) in --json and in the table (80 columns)."""
+    out = tmp_path / "t.csv"
+    res, rep = _bench(tiny, "--warmup", "0", "--samples", "30", "--export-times", out, "--json")
+    assert res.exit_code == 0, res.output
+    first_ns = int(out.read_text().splitlines()[1].split(",")[1])
+    assert rep["first_call_us"] == first_ns / 1e3 and rep["open_ms"] > 0
+    mem = rep["memory"]
+    assert mem["rss_from"] in ("psutil", "statm") and 10 < mem["rss_mib"] <= mem["peak_rss_mib"]
+    res, _ = _bench(tiny, "--samples", "30")
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "open " in text and " ms, first call " in text and " µs; memory: RSS " in text and " MiB, peak " in text
+    assert all(len(x) <= 80 for x in res.output.splitlines())
+
+
+def test_process_memory_sees_a_new_array():
+    """Touching a 128 MiB array raises the resident size (and so the peak) by about that much."""
+    from edgehft.bench.fingerprint import process_memory
+    before = process_memory()
+    a = np.ones(128 << 17, dtype=np.float64)           # 128 MiB, every page written
+    after = process_memory()
+    assert after["rss_mib"] - before["rss_mib"] > 100 and after["peak_rss_mib"] >= after["rss_mib"]
+    assert a[-1] == 1.0
