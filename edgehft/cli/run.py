@@ -112,6 +112,9 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
               help="Time per op (per step for partitioned boards) instead of replaying: each op alone and the "
                    "whole model, interleaved; --samples rounds (default 200); without --ticks, the golden inputs. "
                    "With --streaming: after the replay, the critical path and the prepare split op by op.")
+@click.option("--export-profile", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
+              help="Write --profile's per-op (per-step) times to a JSON file, µs in the key names (implies "
+                   "--profile).")
 @click.option("--top", default=0, type=click.IntRange(min=0), help="--profile: show only the N slowest ops.")
 @click.option("--streaming", is_flag=True,
               help="Feed the ticks one row at a time through runner.stream() (cpu native LSTM and native-bf16 plans): tick-to-signal "
@@ -131,8 +134,8 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
 @json_opt
 @handles_errors
 def bench_cmd(bundle, ticks, run_features, mode, warmup, warmup_s, samples, duration_s, speed, burst_size,
-              burst_gap_us, plot, percentiles, export_times, profile, top, streaming, batch, soak, swap_every, board,
-              threads, affinity, emulate, device, overlay, as_json):
+              burst_gap_us, plot, percentiles, export_times, profile, export_profile, top, streaming, batch, soak,
+              swap_every, board, threads, affinity, emulate, device, overlay, as_json):
     """Replay real ticks through BUNDLE and print latency percentiles in µs (or, with --profile, time per op; with
     --streaming, one row per tick through the streaming runtime). Without --ticks, the bundle's golden inputs back
     to back (said in the output).
@@ -145,6 +148,13 @@ def bench_cmd(bundle, ticks, run_features, mode, warmup, warmup_s, samples, dura
     _check_run_length(warmup, warmup_s, samples, duration_s,
                       other=soak is not None or swap_every is not None or profile or streaming or batch is not None)
     warmup = WARMUP if warmup is None else warmup
+    if export_profile is not None:
+        if streaming or batch is not None or soak is not None or swap_every is not None:
+            raise click.UsageError("--export-profile writes the per-op profile of --profile: drop --streaming, "
+                                   "--batch and --soak")
+        from edgehft.bench.profile import profile_export_target
+        profile_export_target(export_profile)
+        profile = True
     if soak is not None or swap_every is not None:
         if profile or streaming or plot or batch is not None or samples or mode == "burst":
             raise click.UsageError("--soak serves the bundle on its own: drop --profile, --streaming, --plot, --batch, "
@@ -164,7 +174,7 @@ def bench_cmd(bundle, ticks, run_features, mode, warmup, warmup_s, samples, dura
                                 speed=speed, burst_size=burst_size, burst_gap_us=burst_gap_us), plot,
                                 runner_args, profile)
     if profile:
-        return _profile(bundle, ticks, run_features, warmup, samples, top, *runner_args)
+        return _profile(bundle, ticks, run_features, warmup, samples, top, export_profile, *runner_args)
     replay_kw = dict(mode=mode, warmup=warmup, samples=samples or None, speed=speed, burst_size=burst_size,
                      burst_gap_us=burst_gap_us, warmup_s=warmup_s, duration_s=duration_s, max_samples=MAX_CALLS)
     _bench_replay(bundle, ticks, run_features, replay_kw, _percentile_list(percentiles), export_times, plot,
@@ -223,21 +233,25 @@ def _bench_replay(bundle, ticks, run_features, replay_kw: dict, pcts: list[float
     print_bench(report)
 
 
-def _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate, device, overlay,
-             as_json):
+def _profile(bundle, ticks, run_features, warmup, samples, top, export_to, board, threads, affinity, emulate, device,
+             overlay, as_json):
     """``bench --profile``: :func:`edgehft.bench.profile.profile_runner` (``samples`` rounds, default 200, after at
-    most 50 warm-up), as a table or JSON."""
+    most 50 warm-up), as a table or JSON, and to ``export_to`` (:func:`edgehft.bench.profile.export_profile`)."""
     from edgehft.bench.fingerprint import machine_fingerprint
-    from edgehft.bench.profile import print_profile, profile_runner
+    from edgehft.bench.profile import export_profile, print_profile, profile_runner
     with open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
         x = (np.ascontiguousarray(bundle_windows(r.bundle, ticks, run_features=run_features).x, dtype=np.float32)
              if ticks else None)
         res = profile_runner(r, x, rounds=samples or 200, warmup=min(warmup, 50))
         res.update(bundle=str(r.bundle.path), runner=r.describe(), fingerprint=machine_fingerprint())
+    if export_to:
+        res["export_profile"] = export_profile(res, export_to)
     if as_json:
         click.echo(json.dumps(res))
         return
     print_profile(res, out, top)
+    if export_to:
+        out.print(f"profile (µs per op): {res['export_profile']}", highlight=False)
 
 
 def _us(v: float) -> str:

@@ -131,3 +131,48 @@ def test_process_memory_sees_a_new_array():
     after = process_memory()
     assert after["rss_mib"] - before["rss_mib"] > 100 and after["peak_rss_mib"] >= after["rss_mib"]
     assert a[-1] == 1.0
+
+
+def test_bench_export_profile_writes_the_profile_as_json(tiny, tmp_path):
+    """``--export-profile FILE.json`` (implies --profile): the same figures as the profile's --json, flattened with
+    the unit in every time's key; the table run says where it went."""
+    path = tmp_path / "prof.json"
+    res, rep = _bench(tiny, "--export-profile", path, "--samples", "5", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(path.read_text())
+    assert rep["export_profile"] == str(path) and (doc["kind"], doc["rounds"], doc["board"]) == ("ops", 5, "cpu")
+    (op,) = doc["ops"]
+    assert (op["index"], op["op"], op["kernel"], op["share"]) == (0, "LOGISTIC", rep["ops"][0]["kernel"], 1.0)
+    assert [op[f"{k}_us"] for k in ("p50", "p90", "mean")] == [rep["ops"][0]["us"][k] for k in ("p50", "p90", "mean")]
+    assert doc["whole_p50_us"] == rep["whole_us"]["p50"] and doc["sum_p50_us"] == op["p50_us"] and doc["steps"] == []
+    assert "us" not in op and doc["chain_max_abs_diff"] == 0.0
+    res, _ = _bench(tiny, "--export-profile", path, "--samples", "3")
+    assert res.exit_code == 0 and f"profile (µs per op): {path}" in res.output.replace("\n", ""), res.output
+
+
+def test_export_profile_of_a_chain_flattens_its_steps(tmp_path):
+    from edgehft.bench.profile import export_profile
+    res = {"ops": [], "rounds": 4, "warmup": 1, "threads": 1, "emulated": True, "sum_p50_us": 30.0,
+           "segments": [{"index": 0, "placement": "cpu", "what": "seg0.tflite", "ops": [0, 1], "share": 0.25,
+                         "us": {"p50": 7.5, "p90": 8.0, "mean": 7.6}},
+                        {"index": 1, "placement": "fpga", "what": "lstm", "ops": [2], "share": 0.75,
+                         "us": {"p50": 22.5, "p90": 25.0, "mean": 23.0}}],
+           "runner": {"board": "pynq-z2", "plan": "int8", "emulated": True}}
+    doc = json.loads(open(export_profile(res, tmp_path / "p.json")).read())
+    assert doc["kind"] == "steps" and doc["ops"] == [] and doc["whole_p50_us"] is None
+    assert doc["steps"][1] == {"index": 1, "placement": "fpga", "what": "lstm", "ops": [2], "share": 0.75,
+                               "p50_us": 22.5, "p90_us": 25.0, "mean_us": 23.0}
+    assert (doc["board"], doc["emulated"], doc["sum_p50_us"]) == ("pynq-z2", True, 30.0)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--export-profile", "p.csv"], "the profile is written as JSON: give a .json file"),
+    (["--export-profile", "nodir/p.json"], "directory nodir does not exist"),
+    (["--export-profile", "p.json", "--batch", "2"], "--export-profile writes the per-op profile of --profile"),
+    (["--export-profile", "p.json", "--streaming"], "--export-profile writes the per-op profile of --profile"),
+])
+def test_bench_export_profile_usage_errors_exit_2(tiny, tmp_path, monkeypatch, args, says):
+    monkeypatch.chdir(tmp_path)
+    res, _ = _bench(tiny, *args)
+    assert res.exit_code == 2 and says in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "p.json").exists()
