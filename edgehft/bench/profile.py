@@ -28,8 +28,9 @@ def _interp(mod, data: bytes, threads: int, op_resolver: str):
     kind = {"auto": mod.OpResolverType.AUTO,
             "builtin": mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
             "reference": mod.OpResolverType.BUILTIN_REF}[op_resolver]
-    it = mod.Interpreter(model_content=data, num_threads=threads, experimental_op_resolver_type=kind)
-    it.allocate_tensors()
+    with litert.quiet_runtime_info():
+        it = mod.Interpreter(model_content=data, num_threads=threads, experimental_op_resolver_type=kind)
+        it.allocate_tensors()
     return it
 
 
