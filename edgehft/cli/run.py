@@ -259,6 +259,15 @@ def _us(v: float) -> str:
     return f"{v:,.1f}" if v < 1000 else f"{v:,.0f}"
 
 
+def _isa(fp: dict) -> str:
+    """The fingerprint's SIMD level as people name it (``AVX-512 BF16``), the native kernels' best target after
+    it where that differs (``AMX-BF16 (kernels: avx3_bf16)``: e.g. Linux did not grant AMX)."""
+    from edgehft.bench.fingerprint import ISA_NAMES
+    isa, targets = fp.get("isa", "none"), fp.get("kernel_targets") or []
+    best = {"amx": "amx", "avx512_bf16": "avx3_bf16", "avx512": "avx3", "avx2": "avx2", "neon": "neon"}.get(isa)
+    return ISA_NAMES.get(isa, isa) + (f" (kernels: {targets[0]})" if targets and best and targets[0] != best else "")
+
+
 def _mib(v) -> str:
     """MiB as the bench tables show them (``n/a`` where the platform did not say)."""
     return "n/a" if v is None else f"{v:,.1f} MiB"
@@ -341,7 +350,8 @@ def _bench_soak(bundle, ticks, run_features, mode, warmup, speed, soak, swap_eve
         return
     print_soak(report, out)
     fp = report["fingerprint"]
-    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']})", highlight=False)
+    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, {_isa(fp)}, governor {fp['governor']})",
+              highlight=False)
 
 
 def _bench_streaming(bundle, ticks, run_features, replay_kw: dict, plot, runner_args, profile: bool = False) -> None:
@@ -411,7 +421,7 @@ def print_stream_bench(report: dict) -> None:
     out.print("tick to signal here: a row in memory handed to push until its output is in memory, in this process "
               "(Python's push included)", highlight=False)
     fp, r = report["fingerprint"], report["runner"]
-    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']}, affinity "
+    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, {_isa(fp)}, governor {fp['governor']}, affinity "
               f"{fp['affinity']}); {r.get('interpreter', r['board'])}, plan {report['plan']}", highlight=False)
 
 
@@ -433,7 +443,8 @@ def print_bench(report: dict) -> None:
     notes (thin percentiles, golden inputs, exports, budget, gaps, start delay) and the machine."""
     lat = report["latency_us"]
     from rich import box
-    t = Table(title=f"latency of predict, µs — {_run_length(report)}, replay {report['mode']}" + (" [bold](EMULATED board)[/]" if report["runner"]["emulated"] else ""),
+    t = Table(title=f"latency of predict, µs — {_run_length(report)}, replay {report['mode']}"
+                    + (" [bold](EMULATED board)[/]" if report["runner"]["emulated"] else ""),
               title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))        # 80 columns: 7 percentiles
     pct, thin = report["percentiles_us"], {f"p{x['p']:g}" for x in report["thin_percentiles"]}
     cols = [(f"{k}*" if k in thin else k, v) for k, v in pct.items()] + [("max", lat["max"])]
@@ -477,7 +488,7 @@ def print_bench(report: dict) -> None:
                       "calls ran back to back; lower --speed to replay the capture's real gaps")
     fp = report["fingerprint"]
     r = report["runner"]
-    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']}, "
+    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, {_isa(fp)}, governor {fp['governor']}, "
               f"affinity {fp['affinity']}{', virtualized' if fp['virtualized'] else ''}); "
               f"{r.get('interpreter', r['board'])}, threads {r['threads']}"
               + (f", plan {report['plan']} ({report.get('plan_source') or 'its only plan'})" if report.get("plan") else "")
