@@ -42,13 +42,14 @@ def isa_level(flags, machine: str = "") -> str:
 @functools.lru_cache(maxsize=1)
 def cpu_info() -> dict:
     """``{"cpu_model", "flags" (sorted), "from"}`` of this CPU: py-cpuinfo's ``get_cpu_info()`` (about a second:
-    it reads CPUID in a child process; cached per process), else ``/proc/cpuinfo``'s ``model name`` /
-    ``Hardware`` and ``flags`` / ``Features`` lines."""
+    it reads CPUID in a child process; cached per process), else (not installed, or its child failed and it
+    found no flags) ``/proc/cpuinfo``'s ``model name`` / ``Hardware`` and ``flags`` / ``Features`` lines."""
     try:
         import cpuinfo
-        info = cpuinfo.get_cpu_info()
-        return {"cpu_model": info.get("brand_raw") or platform.processor() or "?",
-                "flags": sorted(set(info.get("flags") or [])), "from": "py-cpuinfo " + cpuinfo.CPUINFO_VERSION_STRING}
+        info = cpuinfo.get_cpu_info()          # {} when its child process failed: then /proc
+        if info.get("flags"):
+            return {"cpu_model": info.get("brand_raw") or platform.processor() or "?",
+                    "flags": sorted(set(info["flags"])), "from": "py-cpuinfo " + cpuinfo.CPUINFO_VERSION_STRING}
     except Exception:            # noqa: BLE001 - not installed, or it failed on an odd CPU: /proc says enough
         pass
     model, flags = None, []
@@ -60,7 +61,7 @@ def cpu_info() -> dict:
         elif key in ("flags", "Features") and not flags:
             flags = value.split()
     return {"cpu_model": model or platform.processor() or "?", "flags": sorted(set(flags)),
-            "from": "/proc/cpuinfo (py-cpuinfo not installed)"}
+            "from": "/proc/cpuinfo (py-cpuinfo not installed or it found no flags)"}
 
 
 def _kernel_targets() -> list | None:

@@ -72,7 +72,7 @@ def test_without_py_cpuinfo_and_psutil_the_same_fields_from_proc(fresh_cpu_info,
     monkeypatch.setitem(sys.modules, "cpuinfo", None)        # import cpuinfo / psutil raise ImportError
     monkeypatch.setitem(sys.modules, "psutil", None)
     fp = fpm.machine_fingerprint()
-    assert fp["cpu_info_from"] == "/proc/cpuinfo (py-cpuinfo not installed)"
+    assert fp["cpu_info_from"] == "/proc/cpuinfo (py-cpuinfo not installed or it found no flags)"
     assert set(fp) == set(with_libs) and (fp["physical_cores"], fp["memory_mib"]) == (None, None)
     assert (fp["isa"], fp["virtualized"], fp["vnni"]) == (with_libs["isa"], with_libs["virtualized"], with_libs["vnni"])
     mem = fpm.process_memory()
@@ -87,3 +87,14 @@ def test_bench_shows_the_isa(tmp_path):
     assert fp["isa"] in fpm.ISA_NAMES and fp["isa"] == fpm.isa_level(fpm.cpu_info()["flags"], fp["machine"])
     res = CliRunner().invoke(main, ["bench", str(tiny), "--samples", "10"], terminal_width=200)
     assert f"CPUs, {fpm.ISA_NAMES[fp['isa']]}" in res.output, res.output
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="the fallback reads /proc/cpuinfo")
+def test_py_cpuinfo_that_found_nothing_falls_back_to_proc(fresh_cpu_info, monkeypatch):
+    """py-cpuinfo answers {} when its CPUID child process fails: the flags then come from /proc, not an empty
+    list (which would say "none")."""
+    import types
+    fake = types.SimpleNamespace(get_cpu_info=lambda: {}, CPUINFO_VERSION_STRING="9.0.0")
+    monkeypatch.setitem(sys.modules, "cpuinfo", fake)
+    info = fpm.cpu_info()
+    assert info["from"].startswith("/proc/cpuinfo") and info["flags"] == sorted(set(_proc_cpu()[1]))
