@@ -15,6 +15,7 @@ flush/invalidate), on the real or the emulated board.
 from __future__ import annotations
 
 import gc
+import json
 import time
 from pathlib import Path
 
@@ -27,8 +28,9 @@ def _interp(mod, data: bytes, threads: int, op_resolver: str):
     kind = {"auto": mod.OpResolverType.AUTO,
             "builtin": mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
             "reference": mod.OpResolverType.BUILTIN_REF}[op_resolver]
-    it = mod.Interpreter(model_content=data, num_threads=threads, experimental_op_resolver_type=kind)
-    it.allocate_tensors()
+    with litert.quiet_runtime_info():
+        it = mod.Interpreter(model_content=data, num_threads=threads, experimental_op_resolver_type=kind)
+        it.allocate_tensors()
     return it
 
 
@@ -300,6 +302,49 @@ def print_profile(res: dict, console, top: int = 0) -> None:
                   + ("op-by-op chain reproduces the whole model's outputs exactly"
                      if res["chain_max_abs_diff"] == 0 else
                      f"op-by-op chain vs whole model: max |diff| {res['chain_max_abs_diff']:.3g}"))
+
+
+def profile_export_target(path) -> None:
+    """Check ``--export-profile PATH`` before the profile runs: a .json file in an existing directory.
+
+    Raises:
+        click.BadParameter (exit 2): another suffix, or a directory that does not exist."""
+    import click
+    p = Path(path)
+    if p.suffix.lower() != ".json":
+        raise click.BadParameter(f"{path}: the profile is written as JSON: give a .json file",
+                                 param_hint="--export-profile")
+    if not p.parent.resolve().is_dir():
+        raise click.BadParameter(f"{path}: directory {p.parent} does not exist", param_hint="--export-profile")
+
+
+def _flat_us(stats: dict) -> dict:
+    """``{"p50": 1.2, "p90": ...}`` (µs) as ``{"p50_us": 1.2, "p90_us": ...}``."""
+    return {f"{k}_us": v for k, v in stats.items()}
+
+
+def export_profile(res: dict, path) -> str:
+    """The profile ``res`` (:func:`profile_runner`, with the ``bench`` fields: bundle, runner, fingerprint) to
+    ``path`` as JSON, every time's unit in its key: ``{"kind": "ops" | "steps", "bundle", "board", "plan",
+    "model", "rounds", "warmup", "threads", "op_resolver", "ops": [{"index", "op", "layer", "with_ops",
+    "kernel", "kernel_in_model", "p50_us", "p90_us", "mean_us", "share"}] (per op, graph order), "steps":
+    [{"index", "placement", "what", "ops", "p50_us", "p90_us", "mean_us", "share"}] (per step of a chain),
+    "whole_p50_us", "whole_p90_us", "whole_mean_us" (the whole model; None for a chain), "sum_p50_us",
+    "sum_over_whole", "chain_max_abs_diff", "emulated", "fingerprint"}``. ``share``: the row's p50 over
+    ``sum_p50_us``. Returns the path written."""
+    ops = [{**{k: v for k, v in o.items() if k != "us"}, **_flat_us(o["us"])} for o in res.get("ops") or []]
+    steps = [{**{k: v for k, v in s.items() if k != "us"}, **_flat_us(s["us"])} for s in res.get("segments") or []]
+    whole = _flat_us(res["whole_us"]) if res.get("whole_us") else {}
+    runner = res.get("runner") or {}
+    doc = {"kind": "steps" if steps else "ops", "bundle": res.get("bundle"), "board": runner.get("board"),
+           "plan": runner.get("plan"), "model": res.get("model"), "rounds": res["rounds"], "warmup": res["warmup"],
+           "threads": res.get("threads"), "op_resolver": res.get("op_resolver"), "ops": ops, "steps": steps,
+           **{f"whole_{k}": whole.get(k) for k in ("p50_us", "p90_us", "mean_us")},
+           "sum_p50_us": res.get("sum_p50_us"), "sum_over_whole": res.get("sum_over_whole"),
+           "chain_max_abs_diff": res.get("chain_max_abs_diff"), "emulated": runner.get("emulated"),
+           "fingerprint": res.get("fingerprint")}
+    Path(path).write_text(json.dumps(doc, indent=1))
+    return str(path)
 
 
 def profile_stream(stream, rows, window: int, ticks: int = 2000) -> dict:

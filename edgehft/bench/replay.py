@@ -28,6 +28,9 @@ from edgehft.errors import InputError
 MODES = ("max", "recorded", "burst")
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 MAX_GAP_S = 1.0           # longest idle time replayed between two ticks; caches are as cold after 1 s as after a day
+WARMUP = 100              # untimed calls before timing starts: bench, the pytest plugin's checks and deploy's gate
+MAX_TIMED = 100_000_000   # timed calls a replay by time keeps at most (8 bytes each: 800 MB of latencies)
+_NEVER = 1 << 62          # a perf_counter_ns deadline that does not come
 
 
 def recorded_gaps(t_ns: np.ndarray, speed: float = 1.0) -> tuple[np.ndarray, dict | None]:
@@ -54,11 +57,15 @@ class ReplayResult:
     mode: str
     latency_ns: np.ndarray           # (samples,) int64, after warm-up
     start_delay_ns: np.ndarray | None
-    warmup: int
+    warmup: int                      # warm-up calls run (those asked, or as many as ``warmup_s`` held)
     gaps_capped: dict | None = None  # recorded: {"count", "largest_s", "cap_s"} when long gaps were cut
+    first_call_ns: int | None = None  # the very first call's latency (the first after the runner opened), ns
+    warmup_s: float | None = None    # warm-up by time: the seconds asked
+    duration_s: float | None = None  # timed calls by time: the seconds asked
 
     def summary(self) -> dict:
         return {"mode": self.mode, "samples": int(len(self.latency_ns)), "warmup": self.warmup,
+                "warmup_s": self.warmup_s, "duration_s": self.duration_s,
                 "latency_us": summarize_us(self.latency_ns),
                 "start_delay_us": summarize_us(self.start_delay_ns) if self.start_delay_ns is not None else None,
                 "gaps_capped": self.gaps_capped}
@@ -135,48 +142,90 @@ def spin_until(t_ns: int) -> None:
 
 
 def replay(predict, windows: np.ndarray, t_ns: np.ndarray | None = None, mode: str = "max",
-           warmup: int = 200, samples: int | None = None, speed: float = 1.0,
-           burst_size: int = 32, burst_gap_us: float = 1000.0) -> ReplayResult:
-    """Call ``predict(windows[i])`` for warm-up + samples windows (cycling) and time each call.
+           warmup: int = WARMUP, samples: int | None = None, speed: float = 1.0,
+           burst_size: int = 32, burst_gap_us: float = 1000.0, duration_s: float | None = None,
+           warmup_s: float | None = None, max_samples: int = MAX_TIMED) -> ReplayResult:
+    """Call ``predict(windows[i])`` (cycling over the windows) and time each call: first the warm-up, ``warmup``
+    calls or, with ``warmup_s``, as many as start within that many seconds; then the timed calls, ``samples``
+    (default one per window) or, with ``duration_s``, as many as start within that many seconds (at most
+    ``max_samples``; the latency array grows between calls, never inside a timed one).
 
     Raises:
-        InputError: unknown mode, or ``recorded`` without timestamps.
+        InputError: unknown mode, ``recorded`` without timestamps, or both a count and a time for one phase.
     """
     if mode not in MODES:
         raise InputError(f"unknown replay mode {mode!r}", hint=f"choose one of {', '.join(MODES)}")
     if mode == "recorded" and t_ns is None:
         raise InputError("--replay recorded needs tick timestamps",
                          hint="use a raw feed with the model's feature pipeline, or an .npz with 't_ns'")
+    if samples and duration_s is not None:
+        raise InputError("replay: both samples and duration_s given", hint="give one: a count or seconds")
     n = len(windows)
-    samples = samples or n
-    total = warmup + samples
-    lat = np.empty(total, dtype=np.int64)
-    delay = np.zeros(total, dtype=np.int64) if mode == "recorded" else None
-    capped = None
-    if mode == "recorded":
-        gaps, capped = recorded_gaps(t_ns, speed)
+    timed = None if duration_s is not None else (samples or n)
+    gaps, capped = recorded_gaps(t_ns, speed) if mode == "recorded" else (None, None)
+    pace = _Pace(mode, gaps, n, burst_size, burst_gap_us)
+    warm_calls = None if warmup_s is not None else warmup
+    lat, delay, w = _timed_calls(predict, windows, pace, (warm_calls, warmup_s), (timed, duration_s), max_samples)
+    return ReplayResult(mode, lat[w:], delay[w:] if delay is not None else None, w, capped,
+                        int(lat[0]) if len(lat) else None, warmup_s, duration_s)
+
+
+@dataclass
+class _Pace:
+    """When :func:`replay`'s calls start: ``recorded`` at the (capped) gaps, ``burst`` a gap after each
+    ``burst_size`` calls, ``max`` back to back."""
+    mode: str
+    gaps: np.ndarray | None
+    n: int
+    burst_size: int
+    burst_gap_us: float
+
+
+def _timed_calls(predict, windows, pace: _Pace, warm: tuple, timed: tuple, max_samples: int):
+    """The calls of :func:`replay`: ``warm`` and ``timed`` are ``(calls or None, seconds or None)``. Returns
+    ``(latency_ns, start_delay_ns or None, warm-up calls run)``, both arrays over every call, warm-up first."""
     perf = time.perf_counter_ns
+    by_time = warm[0] is None or timed[0] is None
+    cap = 4096 if by_time else warm[0] + timed[0]
+    lat = np.empty(cap, dtype=np.int64)
+    delay = np.zeros(cap, dtype=np.int64) if pace.mode == "recorded" else None
+    n, gaps = pace.n, pace.gaps
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        due = perf()
-        for i in range(total):
+        due = t1 = perf()
+        warming, w, i = True, 0, 0
+        stop_i = _NEVER if warm[0] is None else warm[0]
+        stop_ns = _NEVER if warm[1] is None else t1 + int(warm[1] * 1e9)
+        while True:
+            if i >= stop_i or t1 >= stop_ns:
+                if not warming:
+                    break
+                warming, w = False, i
+                stop_i = w + (max_samples if timed[0] is None else timed[0])
+                stop_ns = _NEVER if timed[1] is None else t1 + int(timed[1] * 1e9)
+                continue
+            if i == cap:                       # by time: room for more calls (between calls, not inside one)
+                cap *= 2
+                lat = np.concatenate([lat, np.empty_like(lat)])
+                delay = None if delay is None else np.concatenate([delay, np.zeros_like(delay)])
             x = windows[i % n]
-            if mode == "recorded":
+            if pace.mode == "recorded":
                 due += int(gaps[i % n]) if i % n else 0
                 spin_until(due)
-            elif mode == "burst" and i and i % burst_size == 0:
-                spin_until(perf() + int(burst_gap_us * 1e3))
+            elif pace.mode == "burst" and i and i % pace.burst_size == 0:
+                spin_until(perf() + int(pace.burst_gap_us * 1e3))
             t0 = perf()
             predict(x)
             t1 = perf()
             lat[i] = t1 - t0
             if delay is not None:
                 delay[i] = max(0, t0 - due)
+            i += 1
     finally:
         if gc_was:
             gc.enable()
-    return ReplayResult(mode, lat[warmup:], delay[warmup:] if delay is not None else None, warmup, capped)
+    return lat[:i], None if delay is None else delay[:i], w
 
 
 def check_plot_target(path: str) -> None:
@@ -270,7 +319,7 @@ class StreamReplayResult:
 
 
 def replay_stream(stream, rows: np.ndarray, window: int, t_ns: np.ndarray | None = None, mode: str = "max",
-                  warmup: int = 200, samples: int | None = None, speed: float = 1.0, burst_size: int = 32,
+                  warmup: int = WARMUP, samples: int | None = None, speed: float = 1.0, burst_size: int = 32,
                   burst_gap_us: float = 1000.0) -> StreamReplayResult:
     """Feed ``rows`` (from :func:`stream_rows`) one per tick to ``stream`` (``runner.stream()``, inline
     prepare): the first ``window - 1`` untimed, then warm-up + samples ticks (cycling over the ticks' rows),

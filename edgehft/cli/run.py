@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import click
@@ -11,7 +12,8 @@ from rich.table import Table
 from edgehft.bundle_checks import bundle_windows, check_golden, golden_compare, golden_mismatch
 from edgehft.report import printable
 
-MAX_CALLS = 100_000_000       # timed calls a bench keeps (8 bytes each: 800 MB of latencies)
+from edgehft.bench.replay import MAX_TIMED as MAX_CALLS     # timed calls a bench keeps (8 bytes each: 800 MB)
+from edgehft.bench.replay import WARMUP
 from edgehft.cli.common import (err, handles_errors, json_opt, main, out, run_features_opt, runner_opts,
                                 ticks_opt, open_runner)
 
@@ -84,10 +86,15 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
 @run_features_opt
 @click.option("--replay", "mode", type=click.Choice(["max", "recorded", "burst"]), default="max",
               show_default=True, help="Back to back, at the recorded inter-arrival times, or in bursts.")
-@click.option("--warmup", default=200, show_default=True, type=click.IntRange(min=0, max=MAX_CALLS),
-              help="Calls before timing starts.")
+@click.option("--warmup", default=None, type=click.IntRange(min=0, max=MAX_CALLS), metavar="N",
+              help=f"Untimed calls before timing starts (default {WARMUP}, as the pytest plugin's --edgehft-warmup "
+                   "and deploy's latency gate).")
+@click.option("--warmup-s", "warmup_s", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Warm up for this long instead of --warmup calls.")
 @click.option("--samples", default=0, type=click.IntRange(min=0, max=MAX_CALLS),
               help="Timed calls (default: one per window, cycling if needed).")
+@click.option("--duration", "duration_s", default=None, type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS", help="Time calls for this long instead of --samples calls.")
 @click.option("--speed", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="recorded: replay this many times faster.")
 @click.option("--burst-size", default=32, show_default=True, type=click.IntRange(min=1),
@@ -105,6 +112,9 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
               help="Time per op (per step for partitioned boards) instead of replaying: each op alone and the "
                    "whole model, interleaved; --samples rounds (default 200); without --ticks, the golden inputs. "
                    "With --streaming: after the replay, the critical path and the prepare split op by op.")
+@click.option("--export-profile", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
+              help="Write --profile's per-op (per-step) times to a JSON file, µs in the key names (implies "
+                   "--profile).")
 @click.option("--top", default=0, type=click.IntRange(min=0), help="--profile: show only the N slowest ops.")
 @click.option("--streaming", is_flag=True,
               help="Feed the ticks one row at a time through runner.stream() (cpu native LSTM and native-bf16 plans): tick-to-signal "
@@ -123,9 +133,9 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
 @runner_opts
 @json_opt
 @handles_errors
-def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_size, burst_gap_us, plot, percentiles,
-              export_times, profile, top, streaming, batch, soak, swap_every, board, threads, affinity, emulate, device,
-              overlay, as_json):
+def bench_cmd(bundle, ticks, run_features, mode, warmup, warmup_s, samples, duration_s, speed, burst_size,
+              burst_gap_us, plot, percentiles, export_times, profile, export_profile, top, streaming, batch, soak,
+              swap_every, board, threads, affinity, emulate, device, overlay, as_json):
     """Replay real ticks through BUNDLE and print latency percentiles in µs (or, with --profile, time per op; with
     --streaming, one row per tick through the streaming runtime). Without --ticks, the bundle's golden inputs back
     to back (said in the output).
@@ -133,77 +143,134 @@ def bench_cmd(bundle, ticks, run_features, mode, warmup, samples, speed, burst_s
     \b
     Examples:
       edgehft bench build/deeplob.cpu --ticks FEED.gz --run-features --samples 5000 --affinity 0
-      edgehft bench build/deeplob.cpu --percentile 50,99,99.9 --export-times times.csv"""
-    from edgehft.bench.fingerprint import machine_fingerprint
-    from edgehft.bench.replay import (check_plot_target, export_latencies, export_target, histogram_png,
-                                      percentile_report, replay)
+      edgehft bench build/deeplob.cpu --warmup-s 0.2 --duration 10 --percentile 50,99,99.9 --export-times t.csv"""
+    runner_args = (board, threads, affinity, emulate, device, overlay, as_json)
+    _check_run_length(warmup, warmup_s, samples, duration_s,
+                      other=soak is not None or swap_every is not None or profile or streaming or batch is not None)
+    warmup = WARMUP if warmup is None else warmup
+    if export_profile is not None:
+        if streaming or batch is not None or soak is not None or swap_every is not None:
+            raise click.UsageError("--export-profile writes the per-op profile of --profile: drop --streaming, "
+                                   "--batch and --soak")
+        from edgehft.bench.profile import profile_export_target
+        profile_export_target(export_profile)
+        profile = True
     if soak is not None or swap_every is not None:
         if profile or streaming or plot or batch is not None or samples or mode == "burst":
             raise click.UsageError("--soak serves the bundle on its own: drop --profile, --streaming, --plot, --batch, "
                                    "--samples and --replay burst")
-        return _bench_soak(bundle, ticks, run_features, mode, warmup, speed, soak, swap_every,
-                           (board, threads, affinity, emulate, device, overlay, as_json))
+        return _bench_soak(bundle, ticks, run_features, mode, warmup, speed, soak, swap_every, runner_args)
     if plot:
+        from edgehft.bench.replay import check_plot_target
         check_plot_target(plot)
     if batch is not None:
         if profile or streaming or plot:
             raise click.UsageError("--batch times predict_many on its own: drop --profile, --streaming and --plot")
-        return _bench_batch(bundle, ticks, run_features, _batch_sizes(batch),
-                            (board, threads, affinity, emulate, device, overlay, as_json))
+        return _bench_batch(bundle, ticks, run_features, _batch_sizes(batch), runner_args)
     if streaming:
         if not ticks:
             raise click.UsageError("give --ticks FILE")
         return _bench_streaming(bundle, ticks, run_features, dict(mode=mode, warmup=warmup, samples=samples or None,
                                 speed=speed, burst_size=burst_size, burst_gap_us=burst_gap_us), plot,
-                                (board, threads, affinity, emulate, device, overlay, as_json), profile)
+                                runner_args, profile)
     if profile:
-        return _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate,
-                        device, overlay, as_json)
-    pcts = _percentile_list(percentiles)
+        return _profile(bundle, ticks, run_features, warmup, samples, top, export_profile, *runner_args)
+    replay_kw = dict(mode=mode, warmup=warmup, samples=samples or None, speed=speed, burst_size=burst_size,
+                     burst_gap_us=burst_gap_us, warmup_s=warmup_s, duration_s=duration_s, max_samples=MAX_CALLS)
+    _bench_replay(bundle, ticks, run_features, replay_kw, _percentile_list(percentiles), export_times, plot,
+                  runner_args)
+
+
+def _check_run_length(warmup, warmup_s, samples, duration_s, other: bool) -> None:
+    """A bench's warm-up and timed run each by count or by time, not both; by time only for the replay.
+
+    Raises:
+        click.UsageError (exit 2): naming the two options given together, or the mode that takes no time."""
+    if warmup is not None and warmup_s is not None:
+        raise click.UsageError("--warmup N and --warmup-s SECONDS both set the warm-up: give one")
+    if samples and duration_s is not None:
+        raise click.UsageError("--samples N and --duration SECONDS both set how long to time: give one")
+    if other and (warmup_s is not None or duration_s is not None):
+        raise click.UsageError("--warmup-s and --duration time the replay: with --profile, --streaming, --batch or "
+                               "--soak give --warmup N and --samples N")
+
+
+def _bench_replay(bundle, ticks, run_features, replay_kw: dict, pcts: list[float], export_times, plot,
+                  runner_args) -> None:
+    """``bench`` (the replay): :func:`edgehft.bench.replay.replay` on the tick windows (else the golden inputs),
+    with the export, plot and report (a table, or JSON with ``--json``). Beside the steady state it reports
+    ``open_ms`` (opening the bundle: ``runtime.open``, the runner made ready), ``first_call_us`` (the first
+    ``predict`` after that, a warm-up call unless ``--warmup 0``) and ``memory`` (:func:`process_memory`, MiB,
+    after the replay)."""
+    from edgehft.bench.fingerprint import machine_fingerprint, process_memory
+    from edgehft.bench.replay import export_latencies, export_target, histogram_png, percentile_report, replay
+    from edgehft.hil.checks import predict_fn, replay_source
     if export_times:
         export_target(export_times)
-    with open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
-        from edgehft.hil.checks import predict_fn, replay_source
+    t_open = time.perf_counter_ns()
+    with open_runner(bundle, *runner_args) as r:
+        open_ms = (time.perf_counter_ns() - t_open) / 1e6
         xs, t_ns, source = replay_source(r, list(ticks) or None, run_features=run_features)
         if source["kind"] == "ticks":
             xs = np.ascontiguousarray(xs, dtype=np.float32)
         predict, x = predict_fn(r, xs)
-        res = replay(predict, x, t_ns, mode=mode, warmup=warmup, samples=samples or None, speed=speed,
-                     burst_size=burst_size, burst_gap_us=burst_gap_us)
+        res = replay(predict, x, t_ns, **replay_kw)
         report = {"bundle": str(r.bundle.path), "runner": r.describe(), "plan": _plan_of(r),
-                  "plan_source": getattr(r, "plan_source", None), **res.summary(), **percentile_report(res, pcts),
-                  "source": source, "budget_us": dict(r.board_spec.latency_budget_us),
-                  "speed": speed if mode == "recorded" else None, "fingerprint": machine_fingerprint()}
+                  "plan_source": getattr(r, "plan_source", None), **res.summary(),
+                  **percentile_report(res, pcts), "source": source, "budget_us": dict(r.board_spec.latency_budget_us),
+                  "speed": replay_kw["speed"] if replay_kw["mode"] == "recorded" else None,
+                  "open_ms": open_ms, "first_call_us": res.first_call_ns / 1e3, "memory": process_memory(),
+                  "fingerprint": machine_fingerprint()}
     if export_times:
         report["export_times"] = export_latencies(res, export_times)
     if plot:
-        histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, replay {mode}, "
+        histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, replay {replay_kw['mode']}, "
                                  f"{len(res.latency_ns)} calls")
         report["plot"] = plot
-    if as_json:
+    if runner_args[-1]:
         click.echo(json.dumps(report))
         return
     print_bench(report)
 
 
-def _profile(bundle, ticks, run_features, warmup, samples, top, board, threads, affinity, emulate, device, overlay,
-             as_json):
+def _profile(bundle, ticks, run_features, warmup, samples, top, export_to, board, threads, affinity, emulate, device,
+             overlay, as_json):
+    """``bench --profile``: :func:`edgehft.bench.profile.profile_runner` (``samples`` rounds, default 200, after at
+    most 50 warm-up), as a table or JSON, and to ``export_to`` (:func:`edgehft.bench.profile.export_profile`)."""
     from edgehft.bench.fingerprint import machine_fingerprint
-    from edgehft.bench.profile import print_profile, profile_runner
+    from edgehft.bench.profile import export_profile, print_profile, profile_runner
     with open_runner(bundle, board, threads, affinity, emulate, device, overlay, as_json) as r:
         x = (np.ascontiguousarray(bundle_windows(r.bundle, ticks, run_features=run_features).x, dtype=np.float32)
              if ticks else None)
         res = profile_runner(r, x, rounds=samples or 200, warmup=min(warmup, 50))
         res.update(bundle=str(r.bundle.path), runner=r.describe(), fingerprint=machine_fingerprint())
+    if export_to:
+        res["export_profile"] = export_profile(res, export_to)
     if as_json:
         click.echo(json.dumps(res))
         return
     print_profile(res, out, top)
+    if export_to:
+        out.print(f"profile (µs per op): {res['export_profile']}", highlight=False)
 
 
 def _us(v: float) -> str:
     """µs as the bench tables show them: one decimal below 1,000, none above."""
     return f"{v:,.1f}" if v < 1000 else f"{v:,.0f}"
+
+
+def _isa(fp: dict) -> str:
+    """The fingerprint's SIMD level as people name it (``AVX-512 BF16``), the native kernels' best target after
+    it where that differs (``AMX-BF16 (kernels: avx3_bf16)``: e.g. Linux did not grant AMX)."""
+    from edgehft.bench.fingerprint import ISA_NAMES
+    isa, targets = fp.get("isa", "none"), fp.get("kernel_targets") or []
+    best = {"amx": "amx", "avx512_bf16": "avx3_bf16", "avx512": "avx3", "avx2": "avx2", "neon": "neon"}.get(isa)
+    return ISA_NAMES.get(isa, isa) + (f" (kernels: {targets[0]})" if targets and best and targets[0] != best else "")
+
+
+def _mib(v) -> str:
+    """MiB as the bench tables show them (``n/a`` where the platform did not say)."""
+    return "n/a" if v is None else f"{v:,.1f} MiB"
 
 
 def _percentile_list(text: str) -> list[float]:
@@ -283,7 +350,8 @@ def _bench_soak(bundle, ticks, run_features, mode, warmup, speed, soak, swap_eve
         return
     print_soak(report, out)
     fp = report["fingerprint"]
-    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']})", highlight=False)
+    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, {_isa(fp)}, governor {fp['governor']})",
+              highlight=False)
 
 
 def _bench_streaming(bundle, ticks, run_features, replay_kw: dict, plot, runner_args, profile: bool = False) -> None:
@@ -353,7 +421,7 @@ def print_stream_bench(report: dict) -> None:
     out.print("tick to signal here: a row in memory handed to push until its output is in memory, in this process "
               "(Python's push included)", highlight=False)
     fp, r = report["fingerprint"], report["runner"]
-    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']}, affinity "
+    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, {_isa(fp)}, governor {fp['governor']}, affinity "
               f"{fp['affinity']}); {r.get('interpreter', r['board'])}, plan {report['plan']}", highlight=False)
 
 
@@ -362,11 +430,21 @@ def _plan_of(runner) -> str:
     return getattr(runner, "plan", None) or runner.bundle.manifest.quantization.mode
 
 
+def _run_length(report: dict) -> str:
+    """``50 samples after 100 warm-up``, or by time ``21,034 samples in 2 s after 0.2 s warm-up (1,650 calls)``."""
+    timed = f"{report['samples']:,} samples" + (f" in {report['duration_s']:g} s" if report.get("duration_s") else "")
+    warm = (f"{report['warmup_s']:g} s warm-up ({report['warmup']:,} calls)" if report.get("warmup_s")
+            else f"{report['warmup']:,} warm-up")
+    return f"{timed} after {warm}"
+
+
 def print_bench(report: dict) -> None:
+    """The replay bench as people read it (80 columns): the percentiles table, min / mean / std / calls/s, the
+    notes (thin percentiles, golden inputs, exports, budget, gaps, start delay) and the machine."""
     lat = report["latency_us"]
     from rich import box
-    t = Table(title=f"latency of predict, µs — {report['samples']} samples after {report['warmup']} warm-up, "
-                    f"replay {report['mode']}" + (" [bold](EMULATED board)[/]" if report["runner"]["emulated"] else ""),
+    t = Table(title=f"latency of predict, µs — {_run_length(report)}, replay {report['mode']}"
+                    + (" [bold](EMULATED board)[/]" if report["runner"]["emulated"] else ""),
               title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))        # 80 columns: 7 percentiles
     pct, thin = report["percentiles_us"], {f"p{x['p']:g}" for x in report["thin_percentiles"]}
     cols = [(f"{k}*" if k in thin else k, v) for k, v in pct.items()] + [("max", lat["max"])]
@@ -376,6 +454,10 @@ def print_bench(report: dict) -> None:
     out.print(t)
     out.print(f"min {_us(report['min_us'])}, mean {_us(lat['mean'])}, std {_us(lat['std'])} µs; "
               f"{report['throughput_per_s']:,.0f} calls/s", highlight=False)
+    if "open_ms" in report:
+        mem = report["memory"]
+        out.print(f"open {report['open_ms']:,.1f} ms, first call {_us(report['first_call_us'])} µs; memory: RSS "
+                  f"{_mib(mem['rss_mib'])}, peak {_mib(mem['peak_rss_mib'])}", highlight=False)
     for x in report["thin_percentiles"]:
         out.print(f"*: p{x['p']:g} from {report['samples']:,} samples (it needs {x['needs']:,}): about the slowest "
                   "call, not a percentile; give --samples", highlight=False)
@@ -406,7 +488,7 @@ def print_bench(report: dict) -> None:
                       "calls ran back to back; lower --speed to replay the capture's real gaps")
     fp = report["fingerprint"]
     r = report["runner"]
-    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, governor {fp['governor']}, "
+    out.print(f"machine: {fp['cpu_model']} ({fp['logical_cpus']} CPUs, {_isa(fp)}, governor {fp['governor']}, "
               f"affinity {fp['affinity']}{', virtualized' if fp['virtualized'] else ''}); "
               f"{r.get('interpreter', r['board'])}, threads {r['threads']}"
               + (f", plan {report['plan']} ({report.get('plan_source') or 'its only plan'})" if report.get("plan") else "")

@@ -125,7 +125,8 @@ def choose(cands: list[Candidate], timing: dict, select: str = "p99") -> tuple[C
     section = {"mode": "auto", "chosen": best.plan, "why": why, "select": select, "candidates": [c.plan for c in cands],
                "shipped": [m["plan"] for m in measured if m["shipped"]],
                "measured": measured,
-               "measured_on": {"cpu_model": fp["cpu_model"], "logical_cpus": fp["logical_cpus"],
+               "measured_on": {"cpu_model": fp["cpu_model"], "isa": fp["isa"],
+                               "kernel_targets": fp["kernel_targets"], "logical_cpus": fp["logical_cpus"],
                                "pinned_cpu": timing["_core"], "threads": 1,
                                "libraries": fp["libraries"]},
                "reference": (_what_runs(best.plan)

@@ -72,6 +72,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from edgehft.bench.replay import WARMUP
 from edgehft.boards import load_board
 from edgehft.bundle import MANIFEST, load_bundle, sha256_file
 from edgehft.bundle_checks import releases_hint
@@ -83,7 +84,7 @@ from edgehft.signing import SIGNATURE
 
 STEPS = ("probe", "hold", "upload", "verify", "golden", "plan", "latency", "switch")  # "plan": several-plan bundles
 GATE_SAMPLES = 2000     # the latency gate's timed calls (edgehft.hil.checks.SAMPLES)
-GATE_WARMUP = 100       # and untimed calls before them
+GATE_WARMUP = WARMUP    # and untimed calls before them (as bench and the pytest plugin)
 
 
 @dataclass

@@ -52,12 +52,13 @@ import time
 import numpy as np
 
 from edgehft import bundle_checks as _checks
+from edgehft.bench import replay as _replay
 from edgehft.bench.replay import recorded_gaps, replay, replay_stream, spin_until, stream_rows, summarize_us
 from edgehft.errors import InputError
 
 SAMPLES = 2000          # timed calls for the latency check (timed ticks for the streaming check)
 STREAM_COMPARE = 200    # streaming check: outputs compared with predict of the same window
-WARMUP = 100            # untimed calls before timing starts
+WARMUP = _replay.WARMUP  # untimed calls before timing starts (as bench's --warmup and deploy's latency gate)
 SOAK_INTERVALS = 10
 SOAK_MAX_P99_DRIFT = 0.5         # last interval's p99 at most 50 % above the first's
 SOAK_MAX_RSS_GROWTH_MB = 16.0    # resident memory, last interval vs first, MiB

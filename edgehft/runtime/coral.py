@@ -187,9 +187,10 @@ class Runner(cpu.Runner):
         if kind is None:
             raise ValueError(f"op_resolver must be one of {litert.OP_RESOLVERS}, got {self.op_resolver!r}")
         try:
-            interp = mod.Interpreter(model_path=str(self.compiled_path), experimental_delegates=[self._delegate],
-                                     num_threads=self.threads, experimental_op_resolver_type=kind)
-            interp.allocate_tensors()
+            with litert.quiet_runtime_info():
+                interp = mod.Interpreter(model_path=str(self.compiled_path), experimental_delegates=[self._delegate],
+                                         num_threads=self.threads, experimental_op_resolver_type=kind)
+                interp.allocate_tensors()
         except (ValueError, RuntimeError) as exc:
             err = explain_interpreter_error(exc, **context)
             if isinstance(err, BundleError):

@@ -5,6 +5,11 @@ that stay put, which ops XNNPACK took, and the variable (state) tensors. Knows n
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
+import threading
 from pathlib import Path
 
 from edgehft.errors import BoardUnavailableError
@@ -61,6 +66,49 @@ def check_model_file(model_path) -> None:
         raise BundleError(f"{model_path} cannot be read: {exc.strerror or exc}") from None
 
 
+# What the LiteRT C++ runtime writes to stderr when an interpreter is made that says nothing to a user: it came
+# on every command (issue 19). Whole lines, compared without their line ending.
+QUIET_LINES = (b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",)
+_QUIET_LOCK = threading.Lock()     # fd 2 is the process's: one redirect at a time
+
+
+@contextlib.contextmanager
+def quiet_runtime_info():
+    """Around making a LiteRT interpreter (its constructor and ``allocate_tensors``, where the runtime logs):
+    file descriptor 2 goes to a temporary file, and when the block ends everything written there goes back to
+    stderr except the lines in :data:`QUIET_LINES`. Errors and warnings of the runtime (and anything else
+    written meanwhile) still reach the user, after the block; nothing outside the block is touched. Where fd 2
+    cannot be duplicated (closed), the block runs as is."""
+    with _QUIET_LOCK:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):
+            yield
+            return
+        try:
+            with tempfile.TemporaryFile() as tmp:
+                os.dup2(tmp.fileno(), 2)
+                try:
+                    yield
+                finally:
+                    with contextlib.suppress(OSError, ValueError, AttributeError):
+                        sys.stderr.flush()
+                    os.dup2(saved, 2)
+                    tmp.seek(0)
+                    _write_fd2(b"".join(line for line in tmp.read().splitlines(keepends=True)
+                                        if line.rstrip(b"\r\n") not in QUIET_LINES))
+        finally:
+            os.close(saved)
+
+
+def _write_fd2(data: bytes) -> None:
+    """All of ``data`` to file descriptor 2 (a short write goes on from where it stopped)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(2, view):]
+
+
 def make_interpreter(model_path: str, threads: int = 1, op_resolver: str = "auto"):
     """A LiteRT ``Interpreter`` with tensors allocated. ``op_resolver``: ``auto`` (optimized kernels +
     the XNNPACK delegate), ``builtin`` (optimized kernels, no delegate), ``reference`` (reference kernels).
@@ -80,9 +128,10 @@ def make_interpreter(model_path: str, threads: int = 1, op_resolver: str = "auto
             "builtin": mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
             "reference": mod.OpResolverType.BUILTIN_REF}[op_resolver]
     try:
-        interp = mod.Interpreter(model_path=str(model_path), num_threads=threads,
-                                 experimental_op_resolver_type=kind)
-        interp.allocate_tensors()
+        with quiet_runtime_info():
+            interp = mod.Interpreter(model_path=str(model_path), num_threads=threads,
+                                     experimental_op_resolver_type=kind)
+            interp.allocate_tensors()
     except (RuntimeError, ValueError) as exc:
         err = unresolved_custom_op(exc, model_path)
         if err is None:

@@ -21,7 +21,8 @@ import numpy as np
 
 from edgehft.errors import BoardUnavailableError, BundleError, InputError
 from edgehft.runtime.base import InputSlot, OutputSlot, Runner as _Runner
-from edgehft.runtime.litert import check_model_file, interpreter_path, load_interpreter_module, variable_tensors
+from edgehft.runtime.litert import (check_model_file, interpreter_path, load_interpreter_module, quiet_runtime_info,
+                                    variable_tensors)
 
 POLL_TIMEOUT_S = 5.0
 _DRIVERS: dict[str, type] = {}
@@ -223,8 +224,9 @@ class Runner(_Runner):
         for st in self.graph["steps"]:
             if st["placement"] == "cpu":
                 check_model_file(self.bundle.path / st["model"])            # before LiteRT reads it
-                it = mod.Interpreter(model_path=str(self.bundle.path / st["model"]), num_threads=self.threads)
-                it.allocate_tensors()
+                with quiet_runtime_info():
+                    it = mod.Interpreter(model_path=str(self.bundle.path / st["model"]), num_threads=self.threads)
+                    it.allocate_tensors()
                 ins = [d["index"] for d in it.get_input_details()]
                 outs = [d["index"] for d in it.get_output_details()]
                 stateful = bool(variable_tensors(self.bundle.path / st["model"]))   # an LSTM left on the CPU

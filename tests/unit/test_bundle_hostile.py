@@ -2,9 +2,9 @@
 one-line message and a hint, from load_bundle() or a Bundle accessor, and `edgehft run --golden` says so
 without a traceback.
 
-The bundle under attack is tiny and built here: a one-op LiteRT model (LOGISTIC, float32 (1, 4)) written
-with the TFLite schema's object API, golden vectors from LiteRT, written with write_bundle. Each case edits
-a copy the way an attacker who controls the whole directory can: a changed file gets its new SHA-256 in the
+The bundle under attack is tiny and built here (tests/tiny_bundle.py): a one-op LiteRT model (LOGISTIC, float32
+(1, 4)) written with the TFLite schema's object API, golden vectors from LiteRT, written with write_bundle. Each
+case edits a copy the way an attacker who controls the whole directory can: a changed file gets its new SHA-256 in the
 manifest, so the hash check alone does not catch it.
 """
 from __future__ import annotations
@@ -26,64 +26,15 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from edgehft import bundle as bundle_mod
-from edgehft.bundle import (MANIFEST, Golden, Manifest, Quantization, SourceModel, TensorSpec, check_io_details,
-                            load_bundle, write_bundle)
+from edgehft.bundle import MANIFEST, check_io_details, load_bundle, write_bundle
 from edgehft.cli import main
 from edgehft.errors import BundleError
-
-COUNT = 8
-
-
-def _tiny_tflite() -> bytes:
-    """y = sigmoid(x), x and y float32 (1, 4): tensors 0 (input) and 1 (output)."""
-    import flatbuffers
-    from ai_edge_litert import schema_py_generated as s
-    code = s.OperatorCodeT()
-    code.builtinCode = code.deprecatedBuiltinCode = s.BuiltinOperator.LOGISTIC
-    code.version = 1
-    tensors = []
-    for k, name in enumerate(("x", "y")):
-        t = s.TensorT()
-        t.name, t.shape, t.type, t.buffer = name, [1, 4], s.TensorType.FLOAT32, k + 1
-        tensors.append(t)
-    op = s.OperatorT()
-    op.opcodeIndex, op.inputs, op.outputs = 0, [0], [1]
-    g = s.SubGraphT()
-    g.tensors, g.inputs, g.outputs, g.operators = tensors, [0], [1], [op]
-    m = s.ModelT()
-    m.version, m.operatorCodes, m.subgraphs, m.buffers = 3, [code], [g], [s.BufferT() for _ in range(3)]
-    b = flatbuffers.Builder(1024)
-    b.Finish(m.Pack(b), file_identifier=b"TFL3")
-    return bytes(b.Output())
-
-
-def _npz_bytes(arrays: dict) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
+from tiny_bundle import COUNT, npz_bytes, write_tiny_bundle
 
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Path:
-    from edgehft.runtime import cpu
-    work = tmp_path_factory.mktemp("tiny")
-    (work / "m.tflite").write_bytes(_tiny_tflite())
-    x = np.random.default_rng(3).standard_normal((COUNT, 4)).astype(np.float32)
-    it = cpu.make_interpreter(work / "m.tflite")
-    ys = []
-    for n in range(COUNT):
-        it.set_tensor(0, x[n:n + 1])
-        it.invoke()
-        ys.append(it.get_tensor(1)[0].copy())
-    spec = {"shape": [1, 4], "dtype": "float32"}
-    m = Manifest(board="cpu", backend="cpu", model_file="model.tflite",
-                 source=SourceModel(file="m.tflite", sha256="0" * 64, flavour="tflite", lowering="test"),
-                 quantization=Quantization(mode="float"), inputs=[TensorSpec(name="x", index=0, **spec)],
-                 outputs=[TensorSpec(name="y", index=1, **spec)],
-                 golden=Golden(count=COUNT, reference_path=cpu.interpreter_path(), compare="allclose", atol=1e-5))
-    files = {"model.tflite": work / "m.tflite",
-             "golden.npz": _npz_bytes({"inputs/x": x, "outputs/y": np.stack(ys)})}
-    return write_bundle(work / "b", m, files, report={"board": "cpu", "notes": []}).path
+    return write_tiny_bundle(tmp_path_factory.mktemp("tiny"))
 
 
 # -- edits --------------------------------------------------------------------------------------------------
@@ -140,7 +91,7 @@ def golden_file(arrays=None, data: bytes | None = None, edit=None):
             with np.load(d / "golden.npz") as z:
                 new = {k: z[k] for k in z.files}
             edit(new)
-        (d / "golden.npz").write_bytes(data if data is not None else _npz_bytes(new))
+        (d / "golden.npz").write_bytes(data if data is not None else npz_bytes(new))
         _rehash(d)
     return mutate
 
