@@ -13,15 +13,16 @@ from edgehft.cli.common import err, out
 from edgehft.compat import removeprefix
 from edgehft.report import printable
 
-WAVE_HELP = ("--hosts: a rollout in waves of N boxes or P%% of the fleet (rounded up); the next wave starts when "
+WAVE_HELP = ("--hosts: a rollout in waves of N boxes or P% of the fleet (rounded up); the next wave starts when "
              "one is over. Default: one wave.")
 ROLLOUT_OPTIONS = (
     click.option("--canary", default=0, show_default=True, type=click.IntRange(min=0),
                  help="--hosts: deploy to the first N boxes first; any failure there stops the rollout."),
     click.option("--wave", default=None, metavar="N|P%", help=WAVE_HELP),
     click.option("--max-fail", "max_fail", default=None, metavar="N|P%",
-                 help="--hosts: stop the rollout after the wave in which N boxes (or P%% of the fleet) have failed; "
-                      "the boxes not reached keep their version. Default: never stop."),
+                 help="--hosts: the failed boxes a rollout allows, N or P% of the fleet (rounded down); after a "
+                      "wave in which more have failed it stops, and the boxes not reached keep their version. 0: "
+                      "stop at the first failure. Default: never stop."),
     click.option("--engine", "engine_name", type=click.Choice(["ansible", "threads"]), default=None,
                  help="--hosts: what fans out to the boxes (default: ansible where ansible-runner is installed)."),
     click.option("--rollout-state", "state_path", type=click.Path(dir_okay=False), default=None,

@@ -81,11 +81,12 @@ def test_rollout_stops_at_max_fail_then_resumes_and_rolls_back(fleet, bundles, t
     before = {n: accepted(b) for n, b in boxes.items()}
     faulty = config(FAILING, "ssh_config_rollout")
     res = run("deploy", str(bundles["v2"]), "--hosts", str(inv), "--ssh-config", faulty, "--canary", "1",
-              "--wave", "3", "--max-fail", "1", "--rollout-state", str(state), "--json")
+              "--wave", "3", "--max-fail", "0", "--rollout-state", str(state), "--json")
     assert res.exit_code == 9, res.output
     out = json.loads(res.output)
     r = out["rollout"]
-    assert r["status"] == "stopped" and r["stop_reason"] == "1 box failed (--max-fail 1) after wave 3 of 4"
+    assert r["status"] == "stopped"
+    assert r["stop_reason"] == "1 box failed, more than --max-fail 0 allows, after wave 3 of 4"
     status = {b["name"]: (b["wave"], b["status"]) for b in r["boxes"]}
     assert status == {"b1": (1, "ok"), "b2": (2, "ok"), "b3": (2, "ok"), "b4": (2, "ok"), "b5": (3, "ok"),
                       "b6": (3, "failed"), "b7": (3, "ok"), "b8": (4, "pending")}
@@ -130,7 +131,8 @@ def test_rollout_options_are_checked(fleet, bundles):  # noqa: F811
     inv, config, _, _ = fleet
     for opts, said in ((["--canary", "8"], "a canary is fewer boxes than the fleet"),
                        (["--wave", "0"], "at least 1 box"), (["--wave", "150%"], "a percentage in (0, 100]"),
-                       (["--max-fail", "two"], "is not a number of boxes or a percentage")):
+                       (["--max-fail", "two"], "is not a number of boxes or a percentage"),
+                       (["--max-fail", "101%"], "a percentage in [0, 100]")):
         res = run("deploy", str(bundles["v2"]), "--hosts", str(inv), "--ssh-config", config(None), *opts)
         assert res.exit_code == 3 and said in res.output, (opts, res.output)
     alone = run("deploy", str(bundles["v2"]), "--host", "b1", "--wave", "2")
