@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from edgehft.cli import rollout as rollout_cli
 from edgehft.deploy import rollout
 from edgehft.deploy.fanout import target_json
 from edgehft.deploy.ssh import parse_target
 from edgehft.errors import InputError
+
+
+V1, V2 = "20261207T201539Z-ede0aec49de1-0873", "20261207T211539Z-45e0aec49de1-a3e2"   # versions as boxes name them
 
 
 class FakeEngine:
@@ -25,10 +29,9 @@ class FakeEngine:
                 out.append({"host": j["name"], "ok": True, "active": j["to"]})
             elif j["name"] in self.failing:
                 out.append({"ok": False, "exit_code": 8, "step": "golden", "error": "differs", "box_reached": True,
-                            "active_before": "v1"})
+                            "active_before": V1})
             else:
-                out.append({"ok": True, "exit_code": 0, "box_reached": True, "active_before": "v1",
-                            "active_after": "v2"})
+                out.append({"ok": True, "exit_code": 0, "box_reached": True, "active_before": V1, "active_after": V2})
         return out
 
 
@@ -80,7 +83,7 @@ def test_max_fail_0_stops_after_the_wave_of_the_first_failure():
     assert {b.name: b.status for b in r.boxes} == {"b1": "ok", "b2": "ok", "b3": "failed", "b4": "ok",
                                                    **{f"b{i}": "pending" for i in range(5, 9)}}
     failed = r.boxes[2]
-    assert (failed.exit_code, failed.step, failed.version_before, failed.version) == (8, "golden", "v1", None)
+    assert (failed.exit_code, failed.step, failed.version_before, failed.version) == (8, "golden", V1, None)
 
 
 def test_failures_up_to_max_fail_go_on():
@@ -113,3 +116,35 @@ def test_resume_runs_the_boxes_not_done_then_rollback_takes_back_exactly_those_s
     assert [b.status for b in r2.boxes[:4]] == ["rolled back", "rolled back", "failed", "rolled back"]
     assert r2.status == "rolled back"
 
+
+def test_the_report_says_done_failed_with_its_exit_code_and_not_reached(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    r = fleet(8, canary=1, wave="3", max_fail="0")
+    rollout.run(r, deploy_jobs, FakeEngine({"b3"}), 8)
+    rollout_cli.print_rollout(r)
+    text = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    rows = {line.split("│")[2].strip(): line.split("│")[3].strip() for line in text.splitlines()
+            if line.startswith("│") and line.split("│")[2].strip()}
+    assert rows == {"b1": "done", "b2": "done", "b3": "failed at golden, exit 8", "b4": "done",
+                    **{f"b{i}": "not reached" for i in range(5, 9)}}
+    assert ("3 done, 1 failed, 4 not reached (they keep their version); stopped: 1 box failed, more than --max-fail "
+            "0 allows, after wave 2 of 4") in " ".join(text.split())
+    assert rollout_cli.outcomes(r) == {"done": ["b1", "b2", "b4"], "failed": ["b3"],
+                                       "not_reached": ["b5", "b6", "b7", "b8"]}
+
+
+def test_the_dry_run_lists_the_waves_in_order(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    rollout_cli.show_waves(fleet(9, canary=1, wave="25%", max_fail="10%"), as_json=False)
+    text = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    rows = [(c[1].strip(), c[2].strip(), c[3].strip()) for c in (line.split("│") for line in text.splitlines())
+            if len(c) > 3 and c[2].strip().startswith("b")]
+    assert rows == [("1 canary", "b1", "edgehft@10.0.0.0:22"), ("2", "b2", "edgehft@10.0.0.1:22"),
+                    ("2", "b3", "edgehft@10.0.0.2:22"), ("2", "b4", "edgehft@10.0.0.3:22"),
+                    ("3", "b5", "edgehft@10.0.0.4:22"), ("3", "b6", "edgehft@10.0.0.5:22"),
+                    ("3", "b7", "edgehft@10.0.0.6:22"), ("4", "b8", "edgehft@10.0.0.7:22"),
+                    ("4", "b9", "edgehft@10.0.0.8:22")]
+    assert "dry run: 9 boxes in 4 waves, no box contacted" in text
+    assert "more than 0 boxes (--max-fail 10%)" in " ".join(text.split())
