@@ -197,19 +197,24 @@ def stop_rule(r) -> str:
 
 def show_waves(r, as_json: bool) -> None:
     """``--hosts --dry-run``: the waves in order (per box its wave, name, SSH target and board) and the stop
-    rule; no box is contacted and no state file is written."""
+    rule; no box is contacted and no state file is written. With ``--resume`` the boxes already done are marked
+    (``to_run`` in the JSON: the boxes the resume would deploy, by wave)."""
     if as_json:
         click.echo(json.dumps({"dry_run": True, "contacted": 0, "waves": [[b.name for b in w] for w in r.waves],
+                               "to_run": [[b.name for b in w if b.status != "ok"] for w in r.waves],
                                "stop_rule": stop_rule(r), "rollout": r.to_json()}))
         return
     n, w = len(r.boxes), len(r.waves)
-    t = Table(title=f"dry run: {n} box{'es' if n != 1 else ''} in {w} wave{'s' if w != 1 else ''}, no box "
-                    "contacted", title_justify="left")
+    done = sum(b.status == "ok" for b in r.boxes)
+    t = Table(title=f"dry run: {n} box{'es' if n != 1 else ''} in {w} wave{'s' if w != 1 else ''}"
+                    + (f" ({done} done: --resume skips them)" if done else "") + ", no box contacted",
+              title_justify="left")
     for col in ("wave", "box", "ssh target", "board"):
         t.add_column(col, no_wrap=col == "wave", overflow="fold")
     for b in r.boxes:
-        t.add_row(f"{b.wave}{' canary' if r.canary and b.wave == 1 else ''}", printable(b.name),
-                  printable(_target(b).label), printable(b.board or "?"))
+        t.add_row(f"{b.wave}{' canary' if r.canary and b.wave == 1 else ''}",
+                  printable(b.name) + (" (done)" if b.status == "ok" else ""), printable(_target(b).label),
+                  printable(b.board or "?"))
     out.print(t)
     out.print(f"stops: {stop_rule(r)}", highlight=False)
 

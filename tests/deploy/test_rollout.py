@@ -109,6 +109,8 @@ def test_rollout_stops_at_max_fail_then_resumes_and_rolls_back(fleet, bundles, t
     repaired = config(None, "ssh_config_rollout")    # b6 repaired; the state names each box's target
     unsaid = run("deploy", str(bundles["v2"]), "--resume", str(state))   # an ssh config is never read from the file
     assert unsaid.exit_code == 3 and f"pass --ssh-config {repaired}" in " ".join(unsaid.output.split()), unsaid.output
+    plan = run("deploy", str(bundles["v2"]), "--resume", str(state), "--ssh-config", repaired, "--dry-run", "--json")
+    assert plan.exit_code == 0 and json.loads(plan.output)["to_run"] == [[], [], ["b6"], ["b8"]], plan.output
     env = {"COLUMNS": "80"}
     resumed = CliRunner().invoke(main, ["deploy", str(bundles["v2"]), "--resume", str(state), "--ssh-config",
                                         repaired, "--no-latency-gate"], env=env)

@@ -3,6 +3,8 @@ max_fail_percentage (more failures than it allows stop the rollout; 0 allows non
 reached, --resume and the fleet rollback's set of boxes."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from edgehft.cli import rollout as rollout_cli
@@ -148,3 +150,16 @@ def test_the_dry_run_lists_the_waves_in_order(capsys, monkeypatch):
                     ("4", "b9", "edgehft@10.0.0.8:22")]
     assert "dry run: 9 boxes in 4 waves, no box contacted" in text
     assert "more than 0 boxes (--max-fail 10%)" in " ".join(text.split())
+
+
+def test_a_dry_run_of_a_resume_marks_the_boxes_done(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    r = fleet(8, canary=1, wave="3", max_fail="0")
+    rollout.run(r, deploy_jobs, FakeEngine({"b3"}), 8)
+    rollout_cli.show_waves(r, as_json=True)
+    d = json.loads(capsys.readouterr().out)
+    assert d["to_run"] == [[], ["b3"], ["b5", "b6", "b7"], ["b8"]] and d["contacted"] == 0
+    rollout_cli.show_waves(r, as_json=False)
+    text = capsys.readouterr().out
+    assert "(3 done: --resume skips them)" in " ".join(text.split()) and "b2 (done)" in text
+    assert "b3 (done)" not in text and all(len(line) <= 80 for line in text.splitlines())
