@@ -14,8 +14,9 @@ Policy (edgehft's; the fan-out within a wave is an engine's, :mod:`edgehft.deplo
   can be **resumed** (the same bundle: the waves run again from the first box not ``ok``; failures count anew)
   or **rolled back** fleet-wide (every box the rollout switched goes back to the version it served before).
 
-The state holds each box's SSH target (host, user, port, python, install dir, ssh config), so resuming or
-rolling back needs only the state file.
+The state holds each box's SSH target (host, user, port, python, install dir, the ssh config it was reached
+with), so resuming or rolling back needs the state file and, given again on the command line, that ssh config
+(never taken from the file: :func:`edgehft.cli.rollout.check_ssh_config`).
 """
 from __future__ import annotations
 
