@@ -269,7 +269,8 @@ EXIT_CODES = ("Exit codes (every command): 0 ok, 1 a runner used wrongly (closed
               "3 bad input (model, ticks, shapes, dtypes, NaN, an option the board does not take), 4 converter or "
               "vendor compiler failed, 5 drift gate failed (--strict), 6 not a bundle or it does not match its "
               "manifest, 7 board library or device unavailable, or an extra missing, 8 golden vectors not "
-              "reproduced, 9 deploy refused or failed on the box (it keeps its previous version), 10 box unreachable.")
+              "reproduced, 9 deploy refused or failed on the box (it keeps its previous version), 10 box unreachable, "
+              "11 rollout stopped (--max-fail or its canary; the boxes not reached keep their version).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)

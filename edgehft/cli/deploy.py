@@ -74,7 +74,9 @@ def _step_printer(quiet: bool):
 @rollout_cli.rollout_opts
 @click.option("--keep", default=3, show_default=True, type=click.IntRange(min=0),
               help="Versions kept on the box (the active and the previous one always).")
-@click.option("--dry-run", is_flag=True, help="Probe the box(es) and print what would happen; change nothing.")
+@click.option("--dry-run", is_flag=True, help="Change nothing: --host probes the box and prints what would happen; "
+                                              "--hosts prints the rollout's waves and contacts no box (--probe: "
+                                              "probe each box too).")
 @click.option("--force", is_flag=True, help="Deploy even when the bundle or the box is not the board (loud).")
 @click.option("--emulate", is_flag=True, help="Run the golden vectors on the box in emulation (no device there).")
 @select_opt("a bundle that carries several plans (compile --quant auto) is timed on the box, which records "
@@ -98,9 +100,9 @@ def _step_printer(quiet: bool):
 @install_dir_opt
 @json_opt
 @handles_errors
-def deploy_cmd(bundle, board, host, hosts_file, limit, parallel, canary, wave, max_fail, engine_name, state_path, resume,
-               keep, dry_run, force, emulate, select, plan, core, budget_p99_us, budget_p999_us, no_gate, ssh_config,
-               remote_python, install_dir, as_json):
+def deploy_cmd(bundle, board, host, hosts_file, limit, parallel, canary, wave, max_fail, engine_name, state_path,
+               resume, probe, keep, dry_run, force, emulate, select, plan, core, budget_p99_us, budget_p999_us, no_gate,
+               ssh_config, remote_python, install_dir, as_json):
     """Install BUNDLE on a box: upload to a new version directory, verify SHA-256 and the golden vectors
     on the box, then switch atomically (the previous version stays for `edgehft rollback`). A bundle that
     carries several execution plans has each plan's golden vectors checked and the plans timed on the box,
@@ -109,25 +111,30 @@ def deploy_cmd(bundle, board, host, hosts_file, limit, parallel, canary, wave, m
     --core says) and refuses the switch when p99 or p99.9 is over the budget.
 
     With --hosts INVENTORY the boxes are a rollout: --canary N boxes first, then --wave N|P% at a time; after a
-    wave in which --max-fail boxes have failed (or the canary failed) it stops, and the boxes not reached keep
-    their version. Its state file (--rollout-state) lets --resume continue it and `edgehft rollback --rollout`
-    take every box it switched back.
+    wave in which more boxes have failed than --max-fail allows (or the canary failed) it stops, and the boxes
+    not reached keep their version (never contacted). Its state file (--rollout-state) lets --resume continue it
+    and `edgehft rollback --rollout` take every box it switched back. --dry-run with --hosts prints the waves
+    and contacts no box (--probe: probe every box too).
 
     Exit codes: 0 deployed, 2 usage, 3 bad --host, inventory, --plan or rollout option, 6 the local bundle does
     not match its manifest, 8 golden vectors differ on the box, 9 refused or failed (the box keeps its previous
-    version; also: the latency gate's p99 or p99.9 over budget; with --hosts: any host failed, or the rollout
-    stopped), 10 unreachable (connection, authentication, unknown or changed host key).
+    version; also: the latency gate's p99 or p99.9 over budget; with --hosts: a host failed), 10 unreachable
+    (connection, authentication, unknown or changed host key), 11 the rollout stopped (--max-fail or the
+    canary): the boxes not reached keep their version; --resume or rollback --rollout.
 
     \b
     Examples:
       edgehft deploy build/deeplob.cpu --host trader@ny4-box1
-      edgehft deploy build/deeplob.cpu --hosts inventory.ini --limit ny4 --canary 1 --wave 25% --max-fail 1"""
+      edgehft deploy build/deeplob.cpu --hosts inventory.ini --limit ny4 --canary 1 --wave 25% --max-fail 0
+      edgehft deploy build/deeplob.cpu --hosts inventory.ini --canary 1 --wave 25% --dry-run"""
     if sum(map(bool, (host, hosts_file, resume))) != 1:
         raise click.UsageError("give one of --host user@box, --hosts FILE or --resume STATE")
     if limit is not None and not hosts_file:
         raise click.UsageError("--limit selects hosts of --hosts FILE")
     if host and (rollout_cli.waved(canary, wave, max_fail, state_path) or engine_name):
         raise click.UsageError("--canary, --wave, --max-fail, --engine and --rollout-state are for --hosts FILE")
+    if probe and (host or not dry_run):
+        raise click.UsageError("--probe goes with --hosts FILE --dry-run (--host --dry-run always probes)")
     if force and not as_json:
         err.print("[bold red]--force:[/] board checks become warnings; a wrong board can serve wrong numbers")
     default_board = board or _bundle_board(bundle)
@@ -138,7 +145,7 @@ def deploy_cmd(bundle, board, host, hosts_file, limit, parallel, canary, wave, m
              rollout_cli.start_rollout(bundle, _inventory_targets(hosts_file, limit, default_board, remote_python,
                                                                   install_dir, ssh_config),
                                        default_board, canary, wave, max_fail, state_path))
-        rollout_cli.run_deploy(r, bundle, opts, engine_name, parallel, as_json, dry_run, _print_results)
+        rollout_cli.run_deploy(r, bundle, opts, engine_name, parallel, as_json, dry_run, _print_results, probe)
         return
     from edgehft.deploy.deploy import deploy
     results = [deploy(_target(host, default_board, remote_python, install_dir, ssh_config), bundle, default_board,

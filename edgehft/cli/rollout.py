@@ -13,15 +13,16 @@ from edgehft.cli.common import err, out
 from edgehft.compat import removeprefix
 from edgehft.report import printable
 
-WAVE_HELP = ("--hosts: a rollout in waves of N boxes or P%% of the fleet (rounded up); the next wave starts when "
+WAVE_HELP = ("--hosts: a rollout in waves of N boxes or P% of the fleet (rounded up); the next wave starts when "
              "one is over. Default: one wave.")
 ROLLOUT_OPTIONS = (
     click.option("--canary", default=0, show_default=True, type=click.IntRange(min=0),
                  help="--hosts: deploy to the first N boxes first; any failure there stops the rollout."),
     click.option("--wave", default=None, metavar="N|P%", help=WAVE_HELP),
     click.option("--max-fail", "max_fail", default=None, metavar="N|P%",
-                 help="--hosts: stop the rollout after the wave in which N boxes (or P%% of the fleet) have failed; "
-                      "the boxes not reached keep their version. Default: never stop."),
+                 help="--hosts: the failed boxes a rollout allows, N or P% of the fleet (rounded down); after a "
+                      "wave in which more have failed it stops (exit 11), and the boxes not reached keep their "
+                      "version. 0: stop at the first failure. Default: never stop."),
     click.option("--engine", "engine_name", type=click.Choice(["ansible", "threads"]), default=None,
                  help="--hosts: what fans out to the boxes (default: ansible where ansible-runner is installed)."),
     click.option("--rollout-state", "state_path", type=click.Path(dir_okay=False), default=None,
@@ -29,10 +30,14 @@ ROLLOUT_OPTIONS = (
                       ".edgehft/rollouts/<id>.json)."),
     click.option("--resume", "resume", type=click.Path(exists=True, dir_okay=False), default=None,
                  help="Continue the stopped rollout of this state file (same bundle; no --hosts)."),
+    click.option("--probe", is_flag=True,
+                 help="--hosts --dry-run: also probe every box (its checks, the version it serves), as --host "
+                      "--dry-run does; without it a dry run contacts no box."),
 )
 
 
 def rollout_opts(fn):
+    """Add the rollout options (:data:`ROLLOUT_OPTIONS`) to ``deploy``."""
     for opt in reversed(ROLLOUT_OPTIONS):
         fn = opt(fn)
     return fn
@@ -90,53 +95,68 @@ def resume_rollout(bundle, state_path, ssh_config=None):
 
 
 def run_deploy(r, bundle, opts: dict, engine_name, parallel: int, as_json: bool, dry_run: bool,
-               print_results) -> None:
-    """Run (or, ``dry_run``, show) the rollout, print the waves and the results (``print_results(DeployResults,
-    dry_run)``), exit 9 when a box failed or the rollout stopped."""
+               print_results, probe: bool = False) -> None:
+    """Run the rollout and print the waves and the results (``print_results(DeployResults, dry_run)`` for
+    --hosts without waves); ``dry_run``: show the waves and contact no box (:func:`show_waves`), or with
+    ``probe`` probe every box as ``deploy --host --dry-run`` does. Exits 11 (:data:`ROLLOUT_STOPPED`) when the
+    rollout stopped, else 9 when a box failed (a rollout of one box: that box's exit code)."""
     from edgehft.deploy import rollout
     from edgehft.deploy.deploy import DeployResult
     from edgehft.deploy.fanout import default_engine, deploy_job, engine
+    if dry_run and not probe:
+        show_waves(r, as_json)
+        return
     fanout = engine(engine_name or default_engine())
     bundle = str(Path(bundle).resolve())          # an engine's job may run in another directory (Ansible's)
 
     def jobs(boxes):
         return [deploy_job(_target(b), bundle, b.board, {**opts, "dry_run": dry_run}) for b in boxes]
 
+    ran = _probe(r, jobs, fanout, parallel) if dry_run else rollout.run(r, jobs, fanout, parallel,
+                                                                       None if as_json else _wave_printer(r))
+    results = [res for _, res in ran]
+    objs = [DeployResult(**{k: v for k, v in res.items() if k in DeployResult.__dataclass_fields__})
+            for res in results]
+    if as_json:
+        click.echo(json.dumps({"results": results, "failed": sum(not o.ok for o in objs),
+                               "outcomes": outcomes(r, dry_run), "rollout": {**r.to_json(), "state_file": r.path}}))
+    elif len(r.waves) == 1 and not r.path:
+        print_results(objs, dry_run)               # --hosts without waves: the deploy table
+    else:
+        print_rollout(r, dry_run)
+        for b in r.boxes:
+            if b.status == "failed":
+                err.print(f"[red]{printable(b.name)}[/]: failed at {b.step or '?'}, exit {b.exit_code}: "
+                          f"{printable(removeprefix(b.error or '', _target(b).label + ': '))}", highlight=False)
+    if not dry_run and r.status == "stopped" and len(r.boxes) > 1:
+        sys.exit(rollout.ROLLOUT_STOPPED)
+    if any(not o.ok for o in objs):
+        sys.exit(objs[0].exit_code if len(r.boxes) == 1 else 9)
+
+
+def _probe(r, jobs, fanout, parallel: int) -> list:
+    """``--dry-run --probe``: every box's deploy dry run (nothing deployed: a box stays pending unless its checks
+    failed); ``(box, result)`` in box order."""
+    ran = list(zip(r.boxes, fanout.run(jobs(r.boxes), parallel)))
+    for b, res in ran:
+        b.version_before = res.get("active_before")
+        if not res.get("ok"):
+            b.status, b.step, b.exit_code, b.error = "failed", res.get("step"), res.get("exit_code"), res.get("error")
+    return ran
+
+
+def _wave_printer(r):
+    """The on_wave hook of :func:`edgehft.deploy.rollout.run`: a line on stderr as each wave starts and ends."""
     def on_wave(w, boxes, when):
-        if as_json or len(r.waves) == 1:
+        if len(r.waves) == 1:
             return
         if when == "start":
             err.print(f"wave {w} of {len(r.waves)}: {len(boxes)} box{'es' if len(boxes) != 1 else ''} …",
                       highlight=False)
         else:
             bad = sum(b.status == "failed" for b in boxes)
-            err.print(f"wave {w}: {len(boxes) - bad} ok, {bad} failed", highlight=False)
-
-    if dry_run:
-        ran = list(zip(r.boxes, fanout.run(jobs(r.boxes), parallel)))
-        for b, res in ran:                       # nothing deployed: a box stays pending unless its checks failed
-            b.version_before = res.get("active_before")
-            if not res.get("ok"):
-                b.status, b.step, b.exit_code, b.error = "failed", res.get("step"), res.get("exit_code"), res.get("error")
-    else:
-        ran = rollout.run(r, jobs, fanout, parallel, on_wave)
-    results = [res for _, res in ran]
-    objs = [DeployResult(**{k: v for k, v in res.items() if k in DeployResult.__dataclass_fields__})
-            for res in results]
-    if as_json:
-        click.echo(json.dumps({"results": results, "failed": sum(not o.ok for o in objs),
-                               "rollout": {**r.to_json(), "state_file": r.path}}))
-    else:
-        if len(r.waves) == 1 and not r.path:
-            print_results(objs, dry_run)           # --hosts without waves: the deploy table
-        else:
-            print_rollout(r, dry_run)
-            for (b, _), o in zip(ran, objs):
-                if not o.ok:
-                    err.print(f"[red]{printable(b.name)}[/] ({o.step}): "
-                              f"{printable(removeprefix(o.error or '', o.host + ': '))}", highlight=False)
-    if (not dry_run and r.status != "complete") or any(not o.ok for o in objs):
-        sys.exit(objs[0].exit_code if len(r.boxes) == 1 and objs else 9)
+            err.print(f"wave {w}: {len(boxes) - bad} done, {bad} failed", highlight=False)
+    return on_wave
 
 
 def _target(b):
@@ -144,19 +164,78 @@ def _target(b):
     return SshTarget(**b.target)
 
 
+def outcome(r, b, dry_run: bool = False) -> str:
+    """A box's outcome in this rollout, as the report says it: ``done``, ``failed``, ``not reached`` (a rollout
+    that ran: the box was never contacted and keeps its version), ``pending`` (a dry run) or ``rolled back``."""
+    if b.status == "ok":
+        return "done"
+    if b.status == "pending":
+        return "pending" if dry_run or r.status == "planned" else "not reached"
+    return b.status
+
+
+def outcomes(r, dry_run: bool = False) -> dict:
+    """The boxes' names by :func:`outcome` (``not reached`` as ``not_reached``), in box order."""
+    out_: dict = {}
+    for b in r.boxes:
+        out_.setdefault(outcome(r, b, dry_run).replace(" ", "_"), []).append(b.name)
+    return out_
+
+
+def stop_rule(r) -> str:
+    """The rollout's stop rule in words (its canary and --max-fail)."""
+    from edgehft.deploy import rollout
+    allowed = rollout.allowed_failures(r.max_fail, len(r.boxes))
+    rule = [f"the canary (wave 1, {r.canary} box{'es' if r.canary != 1 else ''}) must pass"] if r.canary else []
+    if allowed is None:
+        rule.append("no --max-fail: the waves go on whatever fails")
+    else:
+        rule.append(f"after a wave in which more than {allowed} box{'es' if allowed != 1 else ''} "
+                    f"(--max-fail {r.max_fail}) have failed the rollout stops; later waves are not contacted")
+    return "; ".join(rule)
+
+
+def show_waves(r, as_json: bool) -> None:
+    """``--hosts --dry-run``: the waves in order (per box its wave, name, SSH target and board) and the stop
+    rule; no box is contacted and no state file is written. With ``--resume`` the boxes already done are marked
+    (``to_run`` in the JSON: the boxes the resume would deploy, by wave)."""
+    if as_json:
+        click.echo(json.dumps({"dry_run": True, "contacted": 0, "waves": [[b.name for b in w] for w in r.waves],
+                               "to_run": [[b.name for b in w if b.status != "ok"] for w in r.waves],
+                               "stop_rule": stop_rule(r), "rollout": r.to_json()}))
+        return
+    n, w = len(r.boxes), len(r.waves)
+    done = sum(b.status == "ok" for b in r.boxes)
+    t = Table(title=f"dry run: {n} box{'es' if n != 1 else ''} in {w} wave{'s' if w != 1 else ''}"
+                    + (f" ({done} done: --resume skips them)" if done else "") + ", no box contacted",
+              title_justify="left")
+    for col in ("wave", "box", "ssh target", "board"):
+        t.add_column(col, no_wrap=col == "wave", overflow="fold")
+    for b in r.boxes:
+        t.add_row(f"{b.wave}{' canary' if r.canary and b.wave == 1 else ''}",
+                  printable(b.name) + (" (done)" if b.status == "ok" else ""), printable(_target(b).label),
+                  printable(b.board or "?"))
+    out.print(t)
+    out.print(f"stops: {stop_rule(r)}", highlight=False)
+
+
 def print_rollout(r, dry_run: bool = False) -> None:
-    """The waves: per box its wave, status, the version before and after (80 columns: versions folded)."""
+    """The waves: per box its wave, outcome (:func:`outcome`; a failure with its step and exit code), the
+    version before and now (80 columns: versions folded), then the counts, the stop reason and the state file."""
     t = Table(title=f"rollout {r.id}: {'would run' if dry_run else r.status}", title_justify="left")
-    for col in ("wave", "box", "status", "before", "now"):
-        t.add_column(col, no_wrap=col in ("wave", "status"), overflow="fold")
+    for col in ("wave", "box", "result", "before", "now"):
+        t.add_column(col, no_wrap=col in ("wave", "result"), overflow="fold")
     for b in r.boxes:
         style = {"ok": "green", "failed": "red", "rolled back": "yellow"}.get(b.status, "dim")
-        status = b.status if b.status != "failed" else f"failed ({b.step or '?'})"
+        said = outcome(r, b, dry_run)
+        if b.status == "failed":
+            said = f"failed at {b.step or '?'}, exit {b.exit_code}"
         t.add_row(f"{b.wave}{' canary' if r.canary and b.wave == 1 else ''}", printable(b.name),
-                  f"[{style}]{status}[/]", b.version_before or "", b.version or "")
+                  f"[{style}]{said}[/]", b.version_before or "", b.version or "")
     out.print(t)
     c = r.counts()
-    line = f"{c['ok']} ok, {c['failed']} failed, {c['pending']} not reached (they keep their version)"
+    line = (f"{c['ok']} done, {c['failed']} failed, {c['pending']} "
+            f"{'pending' if dry_run else 'not reached (they keep their version)'}")
     if c["rolled back"]:
         line += f", {c['rolled back']} rolled back"
     out.print(line + (f"; stopped: {r.stop_reason}" if r.stop_reason else ""), highlight=False)

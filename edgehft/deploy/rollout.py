@@ -5,15 +5,18 @@ Policy (edgehft's; the fan-out within a wave is an engine's, :mod:`edgehft.deplo
 - the boxes in inventory order; ``canary`` (N boxes, 0: none) are wave 1; then waves of ``wave`` boxes (``N`` or
   ``P%`` of the fleet, rounded up, at least 1; None: all the rest in one wave);
 - a wave's boxes are deployed at once (``parallel`` at a time); when the wave is over, the rollout stops if a
-  canary failed or if ``max_fail`` boxes (``N`` or ``P%`` of the fleet, rounded up, at least 1; None: never)
-  have failed in this run. The boxes of the waves not run are not contacted: they keep their version;
+  canary failed or if more boxes have failed in this run than ``max_fail`` allows (``N`` boxes or ``P%`` of the
+  fleet, rounded down; ``0``: none; None: never stop), as Ansible's ``max_fail_percentage``. The boxes of the
+  waves not run are not contacted: they keep their version; the stopped rollout's exit code is
+  :data:`ROLLOUT_STOPPED`;
 - the state (every box: its wave, status ``pending`` / ``ok`` / ``failed`` / ``rolled back``, the version it
   served before and the one it got, the error) is written to a JSON file after every wave, so a stopped rollout
   can be **resumed** (the same bundle: the waves run again from the first box not ``ok``; failures count anew)
   or **rolled back** fleet-wide (every box the rollout switched goes back to the version it served before).
 
-The state holds each box's SSH target (host, user, port, python, install dir, ssh config), so resuming or
-rolling back needs only the state file.
+The state holds each box's SSH target (host, user, port, python, install dir, the ssh config it was reached
+with), so resuming or rolling back needs the state file and, given again on the command line, that ssh config
+(never taken from the file: :func:`edgehft.cli.rollout.check_ssh_config`).
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ import pydantic
 
 from edgehft.errors import InputError
 
-STATE_VERSION = 1
+STATE_VERSION = 2          # 2: --max-fail N allows N failures (1 stopped at N)
+ROLLOUT_STOPPED = 11       # the exit code of a rollout that stopped (EXIT_CODES in edgehft.cli.common)
 BOX_STATUSES = ("pending", "ok", "failed", "rolled back")
 ROLLOUT_STATUSES = ("planned", "running", "stopped", "complete", "rolled back")
 
@@ -157,6 +161,27 @@ def count(text: str | None, total: int, what: str) -> int | None:
     return int(v)
 
 
+def allowed_failures(text: str | None, total: int) -> int | None:
+    """How many failed boxes ``--max-fail`` allows a rollout of ``total`` boxes: ``N``, or ``P%`` of ``total``
+    rounded down (``0`` and ``0%``: none); one more stops it. None (no --max-fail) stays None: never stop.
+
+    Raises:
+        InputError: not a whole number or a percentage in [0, 100]."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(%?)\s*", str(text))
+    if not m or (not m.group(2) and "." in m.group(1)):
+        raise InputError(f"--max-fail {text!r} is not a number of boxes or a percentage",
+                         hint="e.g. --max-fail 0 (stop at the first failure), --max-fail 2 or --max-fail 10%")
+    v = float(m.group(1))
+    if m.group(2):
+        if v > 100:
+            raise InputError(f"--max-fail {text!r}: a percentage in [0, 100]",
+                             hint="e.g. --max-fail 0% (none) or --max-fail 10%")
+        return math.floor(v * total / 100 + 1e-9)
+    return int(v)
+
+
 def plan(names: list[str], targets: list[dict], boards: list[str | None], bundle: str, bundle_sha256: str, *,
          canary: int = 0, wave: str | None = None, max_fail: str | None = None,
          state_dir: str | Path | None = ".edgehft/rollouts") -> Rollout:
@@ -171,7 +196,7 @@ def plan(names: list[str], targets: list[dict], boards: list[str | None], bundle
     if canary < 0 or (canary and canary >= n):
         raise InputError(f"--canary {canary}: the fleet has {n} boxes", hint="a canary is fewer boxes than the fleet")
     size = count(wave, n, "--wave") or max(1, n - canary)
-    count(max_fail, n, "--max-fail")
+    allowed_failures(max_fail, n)
     waves = [1] * canary + [(i // size) + (2 if canary else 1) for i in range(n - canary)]
     rid = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{bundle_sha256[:8]}-{secrets.token_hex(2)}"
     boxes = [RolloutBox(name=nm, target=t, board=b, wave=w) for nm, t, b, w in zip(names, targets, boards, waves)]
@@ -194,8 +219,11 @@ def load(path: str | Path) -> Rollout:
     except (OSError, ValueError) as exc:
         raise InputError(f"{path} is not a rollout state file: {exc}", hint=hint) from None
     if isinstance(d, dict) and d.get("state_version") != STATE_VERSION:
+        old = d.get("state_version") == 1
         raise InputError(f"{path}: rollout state version {d.get('state_version')!r}, this edgehft reads "
-                         f"{STATE_VERSION}", hint=hint)
+                         f"{STATE_VERSION}" + (" (in version 1 --max-fail N stopped at N failures, now after more "
+                                               "than N)" if old else ""),
+                         hint="finish it with the edgehft that wrote it, or start a new rollout" if old else hint)
     try:
         st = _State.model_validate(d)
     except pydantic.ValidationError as exc:
@@ -212,7 +240,7 @@ def load(path: str | Path) -> Rollout:
     if st.canary and st.canary >= n:
         raise InputError(f"{path}: canary {st.canary} of {n} boxes", hint=hint)
     count(st.wave, n, "wave")
-    count(st.max_fail, n, "max-fail")
+    allowed_failures(st.max_fail, n)
     boxes = [RolloutBox(**b.model_dump()) for b in st.boxes]
     return Rollout(**{**st.model_dump(), "boxes": boxes}, path=str(path))
 
@@ -227,7 +255,7 @@ def run(r: Rollout, jobs: Callable[[list[RolloutBox]], list[dict]], fanout, para
     ``jobs(boxes)`` makes the fan-out jobs of a wave's boxes; ``fanout`` is an engine module
     (:func:`edgehft.deploy.fanout.engine`). Returns ``(box, deploy result)`` for the boxes run, in run order."""
     n = len(r.boxes)
-    limit = count(r.max_fail, n, "--max-fail")
+    allowed = allowed_failures(r.max_fail, n)
     r.status, r.stop_reason, r.runs = "running", None, r.runs + 1
     r.save()
     failed, results = 0, []
@@ -245,12 +273,13 @@ def run(r: Rollout, jobs: Callable[[list[RolloutBox]], list[dict]], fanout, para
         if on_wave:
             on_wave(w, todo, "end")
         canary_failed = w == 1 and r.canary and any(b.status == "failed" for b in todo)
-        if canary_failed or (limit is not None and failed >= limit):
+        if canary_failed or (allowed is not None and failed > allowed):
             r.status = "stopped"
             r.stop_reason = ("the canary failed" if canary_failed else
-                             f"{failed} box{'es' if failed != 1 else ''} failed (--max-fail {r.max_fail})")
+                             f"{failed} box{'es' if failed != 1 else ''} failed, more than --max-fail "
+                             f"{r.max_fail} allows")
             if w < len(r.waves):
-                r.stop_reason += f" after wave {w} of {len(r.waves)}"
+                r.stop_reason += f", after wave {w} of {len(r.waves)}"
             break
     else:
         r.status = "complete"

@@ -72,7 +72,7 @@ def test_rollout_stops_at_max_fail_then_resumes_and_rolls_back(fleet, bundles, t
     assert all(serving(r) == v1 for r in roots.values())
 
     dry = run("deploy", str(bundles["v2"]), "--hosts", str(inv), "--ssh-config", ok, "--canary", "1", "--wave", "3",
-              "--dry-run")
+              "--dry-run", "--probe")                                  # every box probed, nothing changed
     assert dry.exit_code == 0, dry.output
     assert "would run" in dry.output and "1 canary" in dry.output and all(serving(r) == v1 for r in roots.values())
     assert "state:" not in dry.output
@@ -81,11 +81,13 @@ def test_rollout_stops_at_max_fail_then_resumes_and_rolls_back(fleet, bundles, t
     before = {n: accepted(b) for n, b in boxes.items()}
     faulty = config(FAILING, "ssh_config_rollout")
     res = run("deploy", str(bundles["v2"]), "--hosts", str(inv), "--ssh-config", faulty, "--canary", "1",
-              "--wave", "3", "--max-fail", "1", "--rollout-state", str(state), "--json")
-    assert res.exit_code == 9, res.output
+              "--wave", "3", "--max-fail", "0", "--rollout-state", str(state), "--json")
+    assert res.exit_code == 11, res.output                             # the rollout stopped
     out = json.loads(res.output)
     r = out["rollout"]
-    assert r["status"] == "stopped" and r["stop_reason"] == "1 box failed (--max-fail 1) after wave 3 of 4"
+    assert r["status"] == "stopped"
+    assert r["stop_reason"] == "1 box failed, more than --max-fail 0 allows, after wave 3 of 4"
+    assert out["outcomes"] == {"done": ["b1", "b2", "b3", "b4", "b5", "b7"], "failed": ["b6"], "not_reached": ["b8"]}
     status = {b["name"]: (b["wave"], b["status"]) for b in r["boxes"]}
     assert status == {"b1": (1, "ok"), "b2": (2, "ok"), "b3": (2, "ok"), "b4": (2, "ok"), "b5": (3, "ok"),
                       "b6": (3, "failed"), "b7": (3, "ok"), "b8": (4, "pending")}
@@ -107,12 +109,14 @@ def test_rollout_stops_at_max_fail_then_resumes_and_rolls_back(fleet, bundles, t
     repaired = config(None, "ssh_config_rollout")    # b6 repaired; the state names each box's target
     unsaid = run("deploy", str(bundles["v2"]), "--resume", str(state))   # an ssh config is never read from the file
     assert unsaid.exit_code == 3 and f"pass --ssh-config {repaired}" in " ".join(unsaid.output.split()), unsaid.output
+    plan = run("deploy", str(bundles["v2"]), "--resume", str(state), "--ssh-config", repaired, "--dry-run", "--json")
+    assert plan.exit_code == 0 and json.loads(plan.output)["to_run"] == [[], [], ["b6"], ["b8"]], plan.output
     env = {"COLUMNS": "80"}
     resumed = CliRunner().invoke(main, ["deploy", str(bundles["v2"]), "--resume", str(state), "--ssh-config",
                                         repaired, "--no-latency-gate"], env=env)
     assert resumed.exit_code == 0, resumed.output
     assert all(len(line) <= 80 for line in resumed.output.splitlines())
-    assert "rollout" in resumed.output and "complete" in resumed.output and "8 ok, 0 failed" in resumed.output
+    assert "rollout" in resumed.output and "complete" in resumed.output and "8 done, 0 failed" in resumed.output
     assert all(serving(r) == v2 for r in roots.values())
     assert json.loads(state.read_text())["runs"] == 2
 
@@ -130,8 +134,40 @@ def test_rollout_options_are_checked(fleet, bundles):  # noqa: F811
     inv, config, _, _ = fleet
     for opts, said in ((["--canary", "8"], "a canary is fewer boxes than the fleet"),
                        (["--wave", "0"], "at least 1 box"), (["--wave", "150%"], "a percentage in (0, 100]"),
-                       (["--max-fail", "two"], "is not a number of boxes or a percentage")):
+                       (["--max-fail", "two"], "is not a number of boxes or a percentage"),
+                       (["--max-fail", "101%"], "a percentage in [0, 100]")):
         res = run("deploy", str(bundles["v2"]), "--hosts", str(inv), "--ssh-config", config(None), *opts)
         assert res.exit_code == 3 and said in res.output, (opts, res.output)
     alone = run("deploy", str(bundles["v2"]), "--host", "b1", "--wave", "2")
     assert alone.exit_code == 2 and "are for --hosts FILE" in alone.output
+
+
+def test_a_dry_run_shows_the_waves_of_an_ini_inventory_and_contacts_no_box(fleet, bundles, tmp_path,  # noqa: F811
+                                                                         monkeypatch):
+    _, config, boxes, roots = fleet
+    inv = tmp_path / "fleet.ini"
+    inv.write_text("[canary]\n" + "".join(f"{n} edgehft_install_dir={roots[n]}\n" + ("[ny4]\n" if n == "b1" else "")
+                                          for n in roots) +
+                   "z9 ansible_host=127.0.0.1 ansible_port=1 edgehft_install_dir=/nonexistent/z9\n"   # nobody there
+                   "[fleet:children]\ncanary\nny4\n")
+    monkeypatch.chdir(tmp_path)
+    before = {n: accepted(b) for n, b in boxes.items()}
+    served = {n: serving(r) for n, r in roots.items()}
+    args = ["deploy", str(bundles["v2"]), "--hosts", str(inv), "--ssh-config", config(None), "--dry-run"]
+    res = run(*args, "--canary", "1", "--wave", "25%", "--max-fail", "10%", "--json")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["waves"] == [["b1"], ["b2", "b3", "b4"], ["b5", "b6", "b7"], ["b8", "z9"]]      # 25% of 9: 3 a wave
+    assert d["contacted"] == 0 and "more than 0 boxes (--max-fail 10%)" in d["stop_rule"]
+    assert [b["target"]["port"] for b in d["rollout"]["boxes"]][-1] == 1
+    limited = run(*args, "--limit", "ny4", "--wave", "50%", "--max-fail", "1", "--json")
+    assert json.loads(limited.output)["waves"] == [["b2", "b3", "b4", "b5"], ["b6", "b7", "b8", "z9"]]
+    text = CliRunner().invoke(main, [*args, "--canary", "2", "--wave", "3", "--no-latency-gate"], env={"COLUMNS": "80"})
+    assert text.exit_code == 0, text.output
+    assert all(len(line) <= 80 for line in text.output.splitlines()), text.output
+    assert "dry run: 9 boxes in 4 waves, no box contacted" in text.output and "127.0.0.1:1" in text.output
+    assert "no --max-fail: the waves go on whatever fails" in " ".join(text.output.split())
+    assert {n: accepted(b) for n, b in boxes.items()} == before                 # no box was contacted
+    assert {n: serving(r) for n, r in roots.items()} == served and not (tmp_path / ".edgehft").exists()
+    probe = run("deploy", str(bundles["v2"]), "--hosts", str(inv), "--probe")
+    assert probe.exit_code == 2 and "--probe goes with --hosts FILE --dry-run" in probe.output

@@ -62,7 +62,8 @@ def test_a_hostile_state_is_refused(state, change, said):
 
 def test_not_json_or_another_version(tmp_path):
     for text, said in (("", "is not a rollout state file"), ("[1, 2]", "is not a rollout state file"),
-                       ('{"state_version": 9}', "rollout state version 9")):
+                       ('{"state_version": 9}', "rollout state version 9"),
+                       ('{"state_version": 1}', "in version 1 --max-fail N stopped at N failures")):
         (tmp_path / "s.json").write_text(text)
         with pytest.raises(InputError, match=said):
             rollout.load(tmp_path / "s.json")
