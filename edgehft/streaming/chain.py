@@ -117,6 +117,7 @@ class Plan:
     h_last: np.ndarray | None = None
     kernels: list = field(default_factory=list)
     buffers: list = field(default_factory=list)                       # arrays the calls write that no tensor owns
+    layers: list = field(default_factory=list)                        # each LSTM's units, in order
     isa: dict = field(default_factory=dict)
     kernel_macs: dict = field(default_factory=lambda: {"prepare": 0, "critical": 0, "head": 0})   # per tick
 
@@ -386,8 +387,44 @@ def _lstm(plan: Plan, st: dict, root, analysis, portable: bool) -> str:
         raise _refuse(f"op #{st['op']} LSTM: the analysis gives no steps before and after the tick")
     plan.lstm, plan.lstm_input, plan.lstm_prepared = k, proj.name, int(row.steps_prepared)
     plan.kernels.append(k)
+    plan.layers.append(int(k.hidden[0]))
     plan.isa["LSTM"] = k.isa
     return st["outputs"][0]
+
+
+def _stacked_lstm(plan: Plan, st: dict, root, analysis, portable: bool) -> None:
+    """An LSTM whose h sequence feeds another layer (LSTM_A's first of two): its steps as row calls (cold /
+    prepare: the steps before the tick from the zero state, critical: the rest), every step's h into a time
+    tensor the next layer's input projection reads row by row."""
+    from edgehft.kernels.cpu.chain_program import LstmSteps
+    from edgehft.kernels.cpu.lstm import NativeLSTM, recurrent_bf16_of
+    proj = plan.tensors.get(st["inputs"][0])
+    if not st.get("projected") or proj is None:
+        raise _refuse(f"op #{st['op']} LSTM: the chain executor runs an LSTM fed by its input projections along "
+                      "time (plan native-bf16)")
+    with np.load(root / st["weights"]) as z:
+        k = NativeLSTM([(z["kernel"], z["recurrent_kernel"], z["bias"])], st["timesteps"], True,
+                       cell_clip=float(z["cell_clip"]), portable=portable,
+                       recurrent_bf16=recurrent_bf16_of(st)).projected()
+    plan.kernels.append(k)
+    H, S = k.hidden[0], proj.rows
+    if k.timesteps != S or proj.row != 4 * H:
+        raise _refuse(f"op #{st['op']} LSTM: {k.timesteps} steps of {4 * H} projections, its input has {S} rows "
+                      f"of {proj.row} (an inconsistent native.json)")
+    out = _time_tensor(plan, st["outputs"][0], (1, S, H), analysis)
+    P = len(out.prepared)
+    if out.prepared != tuple(range(P)) or out.critical != tuple(range(P, S)):
+        raise _refuse(f"op #{st['op']} LSTM: the analysis does not give its first steps before the tick and the "
+                      "rest after it")
+    calls = _Calls(plan, out, None, st)
+    for phase, s0, n in (("cold", 0, P), ("prepare", 0, P), ("critical", P, S - P)):
+        if n:
+            steps = LstmSteps(k, s0, n)
+            plan.kernels.append(steps)
+            calls._append(phase, steps, [proj], s0, s0 + n, (out.addr, out.row_bytes, s0), ("lstm", (st["op"],),
+                                                                                             s0, s0 + n))
+    plan.isa["LSTM"] = k.isa
+    plan.layers.append(int(H))
 
 
 def _head(plan: Plan, st: dict, root, whole: dict, lstm_out: str) -> None:
@@ -438,7 +475,7 @@ def build_plan(bundle, analysis, portable: bool = False) -> Plan:
     try:
         _time_tensor(plan, plan.input, spec.shape, analysis)
         whole, lstm_out = {}, None
-        for st in graph["steps"]:
+        for i, st in enumerate(graph["steps"]):
             kind = st["kind"]
             if kind == "litert":
                 raise _refuse(f"ops #{st['ops'][0]}-{st['ops'][-1]} run on a LiteRT segment, which computes whole "
@@ -453,6 +490,8 @@ def build_plan(bundle, analysis, portable: bool = False) -> Plan:
                 _per_row(plan, st, root, analysis)
             elif kind == "reshape":
                 _reshape(plan, st, analysis)
+            elif kind == "lstm" and any(s["kind"] == "lstm" for s in graph["steps"][i + 1:]):
+                _stacked_lstm(plan, st, root, analysis, portable)
             elif kind == "lstm":
                 lstm_out = _lstm(plan, st, root, analysis, portable)
                 H = plan.lstm.hidden[0]

@@ -454,7 +454,7 @@ class Stream:
         return {"prepare": self.mode, "core": self.core, "isa": self.isa, "window": self.window_rows,
                 "row_shape": list(self.plan.row_shape), "executor": "lstm-stack" if self.plan.chain is None else "chain",
                 "layers": [int(l[1].shape[0]) for l in self.plan.layers] if self.plan.chain is None
-                else list(self.plan.chain.lstm.hidden),
+                else list(self.plan.chain.layers),
                 "head": self.head, "head_check": self.head_check,
                 "macs": None if a is None else {"critical": a.macs_critical, "prepare": a.macs_prepare,
                                                 "window": a.macs_full},

@@ -57,6 +57,36 @@ def _replay(runner, stream, rows, T, prepare=True, check_window_every=0):
 
 
 @pytest.mark.parametrize("target", SIMD)
+def test_lstm_a_native_bf16_streams_on_the_chain(bundles, target):
+    """LSTM_A's native-bf16 plan (what --quant auto picks where bf16 runs in hardware: projections on the conv
+    kernel, bf16 recurrent weights) streams on the chain program: the first LSTM's steps are row calls (49 in
+    prepare, 1 on the tick) writing every step's h into the rows the second layer's projection reads. 600 seeded
+    rows on the best target, 200 on the others, every 3rd window left for the push to prepare: every output equals
+    predict bit for bit, with the analysis' MACs per tick."""
+    n = 600 if target == SIMD[0] else 200
+    rows = _rows(n, F_A, seed=5)
+    with force_target(target):
+        r = runtime.open(bundles("lstm_a", "native-bf16"))
+        s = r.stream()
+    with r, s:
+        d = s.describe()
+        assert (d["executor"], d["layers"], d["window"], d["head"]) == ("chain", [100, 100], 50, "native")
+        assert d["macs_run"] == {"critical": 160_100, "prepare": 5_880_000}
+        assert f"LSTM {target}" in d["isa"], d["isa"]
+        compared = differ = 0
+        for i, row in enumerate(rows):
+            y = s.push(row)
+            if i + 1 < T_A:
+                continue
+            compared += 1
+            differ += not np.array_equal(y, r.predict(rows[i - T_A + 1:i + 1]))
+            if i % 3:
+                s.prepare()
+        assert (compared, differ) == (n - T_A + 1, 0)
+        assert s.counters["prepared_late"] >= (n - T_A) // 3
+
+
+@pytest.mark.parametrize("target", SIMD)
 def test_lstm_a_every_push_equals_predict_on_every_target(bundles, target):
     """A seeded stream through LSTM_A's native plan (3,000 rows on the best target, 600 on the others, 300 on
     the scalar fallback), prepare() after each output: every output equals predict of the window, bit for bit;

@@ -65,7 +65,10 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
                             ("edgehft_chain_start_helper", i32, [vp, i32, i32]),
                             ("edgehft_chain_counters", None, [vp, vp]), ("edgehft_chain_window", i32, [vp, vp]),
                             ("edgehft_chain_profile", i32, [vp, i32]),
-                            ("edgehft_chain_profile_read", i32, [vp, vp, i32])):
+                            ("edgehft_chain_profile_read", i32, [vp, vp, i32]),
+                            ("edgehft_chain_lstm_call_create", vp, [vp, i32, i32, i32, i32]),
+                            ("edgehft_chain_lstm_call", i32, [vp, vp, vp]),
+                            ("edgehft_chain_lstm_call_destroy", None, [vp])):
         getattr(lib, name).restype = res
         getattr(lib, name).argtypes = args
     lib._edgehft_chain_typed = True
@@ -75,6 +78,32 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
 def load_library(cache_dir=None) -> ctypes.CDLL:
     """The kernel library (:func:`edgehft.kernels.cpu.build.load_library`) with the chain functions typed."""
     return _typed(build.load_library(cache_dir))
+
+
+class LstmSteps(build.NativeKernel):
+    """A stacked LSTM layer's steps ``s0 .. s0+n-1`` as one row call of a phase (the layer's h sequence feeds the
+    next layer's input projection): reads ``n`` projection rows ``(n, 4H)`` float32, writes each step's h to a row
+    of ``(n, H)`` float32 (``edgehft_lstm_steps_seq``: the bits of the layer's whole-window run, the steps run in
+    order from the zero state across calls). ``lstm``: a projected single-layer
+    :class:`~edgehft.kernels.cpu.lstm.NativeLSTM` that must outlive this call. :attr:`out` only gives the output's
+    shape (the program writes the chain's buffer). Raises MemoryError when the call cannot be made."""
+
+    _destroy = "edgehft_chain_lstm_call_destroy"
+
+    def __init__(self, lstm, s0: int, n: int):
+        H = int(lstm.hidden[0])
+        self._lib = lib = load_library()
+        h = lib.edgehft_chain_lstm_call_create(lstm._h, int(s0), int(n), 4 * H, H)
+        if not h:
+            raise MemoryError("edgehft_chain_lstm_call_create failed")
+        self._h, self._run = ctypes.c_void_p(h), lib.edgehft_chain_lstm_call
+        self.input_shape, self.out, self.isa = (int(n), 4 * H), np.zeros((int(n), H), np.float32), lstm.isa
+        self._outp = ctypes.c_void_p(self.out.ctypes.data)
+        self._macs = int(n) * 4 * H * H
+
+    def macs_per_run(self) -> int:
+        """The recurrent multiply-accumulates of the steps (4H x H each; the projections are the conv's)."""
+        return self._macs
 
 
 def address(x) -> int:

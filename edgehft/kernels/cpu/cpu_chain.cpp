@@ -41,6 +41,7 @@
 
 // cpu_lstm.cpp's steps of a single-layer projected net, cpu_conv.cpp's shared tile configuration (the same library).
 extern "C" int edgehft_lstm_steps(void* p, const float* g, int ldg, int s0, int n, float* h_out);
+extern "C" int edgehft_lstm_steps_seq(void* p, const float* g, int ldg, int s0, int n, float* h_seq, int ldh);
 extern "C" void edgehft_conv_amx_scope(int open);
 
 namespace edgehft {
@@ -333,6 +334,27 @@ int edgehft_chain_profile_read(void* p, uint64_t* out, int cap) {
 
 // Rows since create / reset.
 uint64_t edgehft_chain_rows(void* p) { return static_cast<Program*>(p)->count; }
+
+// A stacked LSTM layer's steps as a row call of a phase (a layer whose h sequence feeds another layer's input
+// projection): steps s0 .. s0+n-1 of the single-layer net `net` on n projection rows (ldg floats apart), every
+// step's h to an output row (ldh floats apart), edgehft_lstm_steps_seq. Returns the call's handle (free it with
+// edgehft_chain_lstm_call_destroy), nullptr out of memory or on a bad size.
+struct LstmCall { void* net; int s0, n, ldg, ldh; };
+
+void* edgehft_chain_lstm_call_create(void* net, int s0, int n, int ldg, int ldh) {
+    if (!net || s0 < 0 || n < 1 || ldg < 1 || ldh < 1) return nullptr;
+    LstmCall* c = new (std::nothrow) LstmCall{net, s0, n, ldg, ldh};
+    return c;
+}
+
+// The call (a KernelFn): in = the first projection row, out = the first h row. 0, or -1 when the steps were
+// refused (out of order: the net did not end its last call at s0).
+int edgehft_chain_lstm_call(void* h, const void* in, float* out) {
+    const LstmCall* c = static_cast<const LstmCall*>(h);
+    return edgehft_lstm_steps_seq(c->net, static_cast<const float*>(in), c->ldg, c->s0, c->n, out, c->ldh) ? -1 : 0;
+}
+
+void edgehft_chain_lstm_call_destroy(void* h) { delete static_cast<LstmCall*>(h); }
 
 // Starts the helper thread (pinned to `core` when core >= 0; it spins spin_us after its last prepare, then sleeps
 // until the next push). Returns 0; -1 when it already runs; -2 when no thread can be started; -3 when the core is

@@ -527,11 +527,20 @@ int edgehft_lstm_run_projected(void* p, const float* g, float* out) {
 // as edgehft_lstm_run_projected, so steps 0 .. T-1 run in any number of calls give its bits (the stream
 // executor runs the steps a window's newest row does not feed before the tick, the rest after it). Returns
 // 0, 1 when the net has more than one layer, 2 when s0 + n > T or s0 > 0 follows no call that ended at s0.
+int edgehft_lstm_steps_seq(void* p, const float* g, int ldg, int s0, int n, float* h_seq, int ldh);
+
 int edgehft_lstm_steps(void* p, const float* g, int ldg, int s0, int n, float* h_out) {
+    return edgehft_lstm_steps_seq(p, g, ldg, s0, n, h_out, -1);
+}
+
+// edgehft_lstm_steps writing every step's h: row i of h_seq (ldh floats apart, ldh >= H) gets step s0 + i's h
+// (a stacked layer's input rows, for the stream executor). ldh < 0: only the last step's h, to h_seq (null: none).
+int edgehft_lstm_steps_seq(void* p, const float* g, int ldg, int s0, int n, float* h_seq, int ldh) {
     Net* net = static_cast<Net*>(p);
     if (net->nl != 1) return 1;
     const Layer& y = net->L[0];
-    if (s0 < 0 || n < 0 || s0 + n > net->T || (s0 > 0 && net->steps_done != s0)) return 2;
+    if (s0 < 0 || n < 0 || s0 + n > net->T || (s0 > 0 && net->steps_done != s0) || (ldh >= 0 && ldh < y.H))
+        return 2;
     if (s0 == 0) memset(net->c, 0, sizeof(float) * y.Hp);
     float* seq = net->seq[0];                          // h of step t at row t % 2
     for (int i = 0; i < n; i++) {
@@ -539,10 +548,12 @@ int edgehft_lstm_steps(void* p, const float* g, int ldg, int s0, int n, float* h
         float* G = net->G + (size_t)(t % 2) * y.Np;    // padded columns stay zero (never written)
         memcpy(G, g + (size_t)i * ldg, sizeof(float) * 4 * y.H);
         const float* hprev = t ? seq + (size_t)((t - 1) % 2) * y.Hp : nullptr;
-        step(net, y, G, hprev, seq + (size_t)(t % 2) * y.Hp);
+        float* h = seq + (size_t)(t % 2) * y.Hp;
+        step(net, y, G, hprev, h);
+        if (ldh >= 0 && h_seq) memcpy(h_seq + (size_t)i * ldh, h, sizeof(float) * y.H);
     }
     net->steps_done = s0 + n;
-    if (h_out && s0 + n > 0) memcpy(h_out, seq + (size_t)((s0 + n - 1) % 2) * y.Hp, sizeof(float) * y.H);
+    if (ldh < 0 && h_seq && s0 + n > 0) memcpy(h_seq, seq + (size_t)((s0 + n - 1) % 2) * y.Hp, sizeof(float) * y.H);
     return 0;
 }
 
