@@ -256,29 +256,57 @@ def check_plot_target(path: str) -> None:
         target.unlink()
 
 
-def histogram_png(result: ReplayResult, path: str, title: str) -> None:
-    """A latency histogram (log count axis, percentile markers) as a PNG. Needs matplotlib."""
+def histogram_png(result: ReplayResult, path: str, title: str, percentiles=PERCENTILES, what: str = "predict") -> list:
+    """The latency distribution as a PNG of two panels (needs matplotlib). Left: a histogram on a log latency axis
+    (log-spaced bins from the minimum to the maximum, log count axis), so the body and the tail both show; the
+    ``percentiles`` as vertical lines, named in the legend (never on the plot, where labels would overlap).
+    Right: the percentile curve as HdrHistogram plots it: latency (µs, log axis) against the percentile on an
+    axis of nines (x = 1 / (1 - q): 90 %, 99 %, 99.9 % evenly spaced), up to the highest percentile the samples
+    resolve (1 - 1/N), with the same percentiles marked. ``result.latency_ns``: per call, ns. Returns the marks,
+    ``[(percentile, µs), ...]``."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise InputError("--plot needs matplotlib", hint="pip install 'edgehft[bench]'") from exc
-    us = result.latency_ns / 1e3
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    hi = np.percentile(us, 99.99)
-    ax.hist(np.clip(us, None, hi), bins=200, color="#4477aa")
-    ax.set_yscale("log")
-    for p, c in zip(PERCENTILES, ("#228833", "#ccbb44", "#ee6677", "#aa3377")):
-        v = np.percentile(us, p)
-        ax.axvline(v, color=c, lw=1.2, label=f"p{p:g} {v:.1f} µs")
-    ax.set_xlabel("predict latency (µs)")
-    ax.set_ylabel("calls")
-    ax.set_title(f"{title}\n(x axis ends at p99.99; max {us.max():.1f} µs)", fontsize=10)
-    ax.legend()
+    us = np.sort(np.asarray(result.latency_ns, np.float64)) / 1e3
+    n, colors = len(us), ("#228833", "#ccbb44", "#ee6677", "#aa3377", "#66ccee", "#4477aa", "#bbbbbb")
+    marks = [(float(p), float(np.percentile(us, p)), colors[i % len(colors)]) for i, p in enumerate(percentiles)]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    lo, hi = max(us[0], 1e-3), max(us[-1], us[0] * 1.001, 1e-3)
+    left.hist(us, bins=np.geomspace(lo, hi, 120), color="#4477aa")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    for p, v, c in marks:
+        left.axvline(v, color=c, lw=1.2, label=f"p{p:g} {v:.1f} µs" + ("" if p <= 100 * (1 - 1 / n) else " (thin)"))
+    left.set_xlabel(f"{what} latency (µs, log)")
+    left.set_ylabel("calls (log)")
+    left.legend(fontsize=8)
+    q = (np.arange(n) + 0.5) / n                                   # each sorted sample's percentile (0..1)
+    right.plot(1 / (1 - q), us, color="#4477aa", lw=1.2)
+    for p, v, c in marks:
+        if p < 100:
+            right.plot([1 / (1 - p / 100)], [v], "o", color=c, label=f"p{p:g} {v:.1f} µs")
+    right.set_xscale("log")
+    right.set_yscale("log")
+    ticks = [t for t in (2, 10, 100, 1e3, 1e4, 1e5, 1e6) if t <= n]
+    right.set_xticks(ticks)
+    right.set_xticklabels([f"{100 * (1 - 1 / t):g}%" for t in ticks], fontsize=8)
+    right.set_xlabel("percentile (HdrHistogram axis: 1 / (1 - q))")
+    right.set_ylabel(f"{what} latency (µs, log)")
+    right.legend(fontsize=8)
+    right.grid(True, which="major", alpha=0.3)
+    from matplotlib.ticker import FuncFormatter
+    plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}")
+    for ax, axis in ((left, left.xaxis), (right, right.yaxis)):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain if us[-1] / lo < 20 else FuncFormatter(lambda v, _: ""))
+    fig.suptitle(f"{title}\n(min {us[0]:.1f} µs, max {us[-1]:.1f} µs, {n} samples)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return [(p, v) for p, v, _ in marks]
 
 
 # --- streaming (issue 21): one row per tick through runner.stream() -------------------------------------------

@@ -225,7 +225,7 @@ def _bench_replay(bundle, ticks, run_features, replay_kw: dict, pcts: list[float
         report["export_times"] = export_latencies(res, export_times)
     if plot:
         histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, replay {replay_kw['mode']}, "
-                                 f"{len(res.latency_ns)} calls")
+                                 f"{len(res.latency_ns)} calls", pcts)
         report["plot"] = plot
     if runner_args[-1]:
         click.echo(json.dumps(report))
@@ -382,7 +382,7 @@ def _bench_streaming(bundle, ticks, run_features, replay_kw: dict, plot, runner_
                 report["profile"] = profile_stream(s, rows, int(r.bundle.manifest.inputs[0].shape[1]))
     if plot:
         histogram_png(res, plot, f"{Path(bundle).name} on {report['runner']['board']}, stream push, replay "
-                                 f"{replay_kw['mode']}, {len(res.latency_ns)} ticks")
+                                 f"{replay_kw['mode']}, {len(res.latency_ns)} ticks", what="push")
         report["plot"] = plot
     if as_json:
         click.echo(json.dumps(report))
