@@ -73,7 +73,7 @@ def coral_stage(model_file: Path, work: Path, board: Board, flags: EdgeTPUFlags 
     exe = etc.find_compiler()
     if exe is None:
         say("partition for the Edge TPU (predicted: edgetpu_compiler not on PATH)")
-        rep = edgetpu_report(ir, board.name, opts)
+        rep = edgetpu_report(ir, board.name, opts, link=getattr(board, "edgetpu", None))
         rep.notes.append("edgetpu_compiler is not on PATH: placements are predicted by edgehft's model of the "
                          "compiler, and the bundle holds no compiled model (a real Edge TPU needs it; "
                          "--emulate runs the int8 graph on the CPU). " + etc.INSTALL_HINT)
@@ -86,7 +86,7 @@ def coral_stage(model_file: Path, work: Path, board: Board, flags: EdgeTPUFlags 
             "subgraphs": run.output.subgraphs, "tpu_ops": run.output.tpu_ops, "cpu_ops": run.output.cpu_ops,
             "on_chip_used": run.output.on_chip_used, "off_chip_used": run.output.off_chip_used,
             "log": (run.log or run.output).rows}
-    rep = edgetpu_report(ir, board.name, opts, actual=actual, compiler=info)
+    rep = edgetpu_report(ir, board.name, opts, actual=actual, compiler=info, link=getattr(board, "edgetpu", None))
     warnings = [f"prediction and edgetpu_compiler disagree on {len(rep.disagreements)} op(s): "
                 + ", ".join(f"#{d['index']} {d['op']}" for d in rep.disagreements)] if rep.disagreements else []
     acc = {"flags": opts.flags(), "compiled": True, "min_runtime_version": actual.min_runtime_version,
@@ -108,7 +108,7 @@ def _given_compiled(ir: TFLiteModel, board: Board, opts: EdgeTPUOptions, path: P
         raise InputError(f"{path} was not compiled from {Path(ir.source).name}: its CPU ops "
                          f"{', '.join(actual.unmatched)} match no op of it",
                          hint="compile the same .tflite that you pass to `edgehft compile`")
-    rep = edgetpu_report(ir, board.name, opts, actual=actual)
+    rep = edgetpu_report(ir, board.name, opts, actual=actual, link=getattr(board, "edgetpu", None))
     rep.notes.append(f"placements confirmed by {path.name}, compiled elsewhere (flags unknown; the prediction "
                      f"used {' '.join(opts.flags())})")
     warnings = [f"prediction and {path.name} disagree on {len(rep.disagreements)} op(s): "

@@ -29,7 +29,8 @@ class CoralPartitioner(Partitioner):
         from edgehft.partition.coral_options import edgetpu_options
         from edgehft.partition.coral_report import edgetpu_report
         opts = edgetpu_options(board, board_options.get("edgetpu"))
-        return edgetpu_report(TFLiteModel.from_file(Path(model)), board.name, opts)
+        return edgetpu_report(TFLiteModel.from_file(Path(model)), board.name, opts,
+                              link=getattr(board, "edgetpu", None))
 
 
 PARTITIONER = CoralPartitioner()

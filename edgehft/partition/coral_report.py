@@ -105,12 +105,26 @@ def summarize(model: TFLiteModel, part: EdgeTPUPartition, what_if: list | None =
     return lines
 
 
+def copy_estimate(boundary: list, link: dict | None) -> dict | None:
+    """An ESTIMATE of the host<->Edge TPU copies of one inference, from the board file's ``[edgetpu]``
+    ``link_bytes_per_s`` and ``transfer_overhead_us``: per tensor crossing the link, the fixed cost plus its bytes
+    at the link's rate. ``{"bytes", "transfers", "us"}``, or None when the board file gives no rate (not
+    estimated)."""
+    if not link or not link.get("link_bytes_per_s"):
+        return None
+    sizes = [x["bytes"] for b in boundary for x in (*b["inputs"], *b["outputs"])]
+    us = sum(float(link.get("transfer_overhead_us", 0.0)) + n / float(link["link_bytes_per_s"]) * 1e6 for n in sizes)
+    return {"bytes": sum(sizes), "transfers": len(sizes), "us": round(us, 1)}
+
+
 def edgetpu_report(model: TFLiteModel, board: str, opts: EdgeTPUOptions, *,
-                   actual: CompiledPlacement | None = None, compiler: dict | None = None) -> Report:
+                   actual: CompiledPlacement | None = None, compiler: dict | None = None,
+                   link: dict | None = None) -> Report:
     """The shared :class:`Report` for ``model`` on an Edge TPU board.
 
     ``actual`` (the compiled model read against ``model``) makes the verdict "confirmed" and fills
-    ``disagreements``; ``compiler`` is what the compiler run printed (version, flags, log rows).
+    ``disagreements``; ``compiler`` is what the compiler run printed (version, flags, log rows); ``link`` (the
+    board file's ``[edgetpu]`` table) gives the host<->TPU copies an estimated cost (:func:`copy_estimate`).
     """
     part = predict(model, opts)
     ops = _placements(part, actual)
@@ -127,6 +141,14 @@ def edgetpu_report(model: TFLiteModel, board: str, opts: EdgeTPUOptions, *,
     rep.accelerator = {"vendor": "coral-edgetpu", "flags": opts.flags(), "predicted_log": part.log_rows(),
                        "boundary": part.boundary, "predicted_layout": part.compiled_op_names(),
                        "mapped": sum(v.stage == "tpu" for v in part.ops), "what_if": what_if}
+    est = copy_estimate(part.boundary, link)
+    rep.accelerator["copy_us_estimate"] = None if est is None else est["us"]
+    if part.boundary:
+        rep.summary.append(
+            f"host<->Edge TPU copy time: ~{est['us']:,.0f} µs per inference (estimate: {est['transfers']} "
+            f"transfer(s) at {float(link['link_bytes_per_s']) / 1e6:,.0f} MB/s + {float(link.get('transfer_overhead_us', 0)):g}"
+            f" µs each, the board file's {link.get('link', 'link')}; not measured)" if est else
+            "host<->Edge TPU copy time: not estimated (no link_bytes_per_s in the board file's [edgetpu] table)")
     if compiler:
         rep.accelerator["compiler"] = compiler
     if confirmed:

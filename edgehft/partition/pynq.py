@@ -137,6 +137,18 @@ def _macs(model: TFLiteModel, op: OpInfo) -> int:
     return 0
 
 
+def arm_op_us(model: TFLiteModel, op: OpInfo, cost: dict) -> float:
+    """An ESTIMATE of one op's time on the board's ARM cores (LiteRT, one thread), µs, from the board's
+    ``[arm_cost]`` table: MACs / (``clock_mhz`` x ``int8_macs_per_cycle``, or ``float_macs_per_cycle`` for a float
+    output) + ``op_overhead_us`` + output bytes / ``bytes_per_us``. A model of the cores, not a measurement."""
+    g = model.main
+    out = g.tensors[op.outputs[0]] if op.outputs else None
+    rate = float(cost["clock_mhz"]) * float(cost["float_macs_per_cycle" if out is not None and
+                                                 out.dtype == "float32" else "int8_macs_per_cycle"])
+    return _macs(model, op) / rate + float(cost["op_overhead_us"]) + \
+        (_size(out) if out is not None else 0) / float(cost["bytes_per_us"])
+
+
 def _stream(bytes_in: int, bytes_out: int) -> int:
     return 2 * AXI_LATENCY + math.ceil(bytes_in / AXI_BYTES_PER_CYCLE) + math.ceil(bytes_out / AXI_BYTES_PER_CYCLE)
 
@@ -260,18 +272,41 @@ def pynq_report(model: TFLiteModel, board) -> Report:
         lines.append(f"on-chip weight memory: {used_w:,} of {int(board.overlay['weight_bytes']):,} B; slots used: "
                      + ", ".join(f"{k} {sum(c.kernel == k for c in part.calls.values())}/{board.overlay.get('slots', 4)}"
                                  for k in sorted({c.kernel for c in part.calls.values()})) + ".")
-    cpu_macs = sum(_macs(model, op) for op in model.main.ops if op.index not in part.calls)
-    if cpu_macs:
-        share = cpu_macs / max(macs + cpu_macs, 1)
-        lines.append(f"the ARM cores keep {cpu_macs:,} MACs of CONV/FC/LSTM work ({share:.1%} of the model's); "
-                     "their time is not estimated here (LiteRT on the board's cores: measure with `edgehft bench` on "
-                     "the board)" + ("; that, not the fabric, sets the latency." if share > 0.5 else "."))
+    lines += _arm_lines(model, board, part, macs, fpga_us + copy_us, rep)
     for k, (code, reason, fix) in part.refusals.items():
         lines.append(f"#{k} {model.main.ops[k].name} stays on the CPU: {reason}" + (f" (fix: {fix})" if fix else ""))
     rep.summary = lines
-    rep.notes.append("CPU-segment time is not estimated here: it is the LiteRT time of those ops on the "
-                     "board's ARM cores (measure with `edgehft bench` on the board)")
     return rep
+
+
+def _arm_lines(model: TFLiteModel, board, part: PynqPartition, fabric_macs: int, fabric_us: float, rep) -> list:
+    """The report's sentences on the ops the ARM cores keep: their MACs and, from the board's ``[arm_cost]``
+    table (:func:`arm_op_us`), their estimated µs (``rep.accelerator["arm_us_estimate"]``, per op in each
+    placement's reason); "not estimated" for a board file without the table."""
+    cpu_ops = [op for op in model.main.ops if op.index not in part.calls]
+    cpu_macs = sum(_macs(model, op) for op in cpu_ops)
+    cost = getattr(board, "arm_cost", None)
+    if not cost:
+        rep.notes.append("ARM-segment time is not estimated (no [arm_cost] table in the board file): it is the "
+                         "LiteRT time of those ops on the board's cores (measure with `edgehft bench` on the board)")
+        share = cpu_macs / max(fabric_macs + cpu_macs, 1)
+        return [f"the ARM cores keep {cpu_macs:,} MACs of CONV/FC/LSTM work ({share:.1%} of the model's); their "
+                "time is not estimated."] if cpu_macs else []
+    per = {op.index: arm_op_us(model, op, cost) for op in cpu_ops}
+    for o in rep.ops:
+        if o.index in per:
+            o.reason = f"{o.reason}; ~{per[o.index]:,.1f} µs on the ARM cores (estimate)"
+    arm_us = sum(per.values())
+    rep.accelerator["arm_us_estimate"] = round(arm_us, 1)
+    rep.notes.append(f"ARM-segment times are estimates from the board file's [arm_cost] table ({cost['clock_mhz']:g} "
+                     f"MHz, {cost['int8_macs_per_cycle']:g} int8 MACs a cycle, {cost['op_overhead_us']:g} µs an op), "
+                     "not measurements: measure with `edgehft bench` on the board")
+    if not cpu_ops:
+        return []
+    big = max(cpu_ops, key=lambda op: per[op.index])
+    return [f"the ARM cores keep {len(cpu_ops)} ops ({cpu_macs:,} MACs): ~{arm_us:,.0f} µs estimated, the largest "
+            f"#{big.index} {big.name} ~{per[big.index]:,.0f} µs; the fabric and its copies ~{fabric_us:,.0f} µs"
+            + ("; the ARM cores, not the fabric, set the latency." if arm_us > fabric_us else ".")]
 
 
 class PynqPartitioner(Partitioner):

@@ -216,3 +216,20 @@ def test_compile_onto_a_bundle_of_another_board_or_model_needs_force(tmp_path, m
     assert load_bundle(out).manifest.board == "coral-usb"
     res = cli.invoke(main, ["compile", str(LSTM), "--board", "coral-usb", "--out", str(out)])
     assert res.exit_code == 0, res.output
+
+
+def test_host_tpu_copies_get_an_estimate_at_the_board_link_rate():
+    """Issue 19: the host<->Edge TPU copies of an inference cost, per tensor, the board file's
+    transfer_overhead_us plus its bytes at link_bytes_per_s (an estimate); USB 3.0 (coral-usb) costs more than the
+    PCIe boards; a board file without the rate says "not estimated"."""
+    from edgehft.partition.coral_report import copy_estimate
+    boundary = [{"inputs": [{"bytes": 700_000}], "outputs": [{"bytes": 1_000}, {"bytes": 24}]}]
+    est = copy_estimate(boundary, {"link_bytes_per_s": 350e6, "transfer_overhead_us": 50.0})
+    assert est == {"bytes": 701_024, "transfers": 3, "us": round(3 * 50 + 701_024 / 350.0, 1)}
+    assert copy_estimate(boundary, {"link": "USB"}) is None and copy_estimate(boundary, None) is None
+    from edgehft.boards import load_board
+    from edgehft.partition.coral import PARTITIONER
+    model = SHARED / "edgetpu_pairs" / "google-coral__test_data" / "keras_lstm_mnist_ptq.tflite"
+    usb, m2 = (PARTITIONER.predict(model, load_board(b)) for b in ("coral-usb", "coral-m2"))
+    assert usb.accelerator["copy_us_estimate"] > m2.accelerator["copy_us_estimate"] > 0
+    assert any("copy time: ~" in line and "estimate" in line for line in usb.summary)
