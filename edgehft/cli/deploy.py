@@ -269,6 +269,9 @@ def _print_plan(s: dict) -> None:
 @click.option("--limit", default=None, metavar="PATTERN", help="--hosts: only these hosts (as `ansible --limit`).")
 @click.option("--bundle", "expected", type=click.Path(exists=True, file_okay=False), default=None,
               help="--hosts: say per box whether it serves this bundle (the one a rollout asked for).")
+@click.option("--rollout", "rollout_state", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The fleet table of a rollout's boxes (its state file, as deploy wrote it): per box whether it "
+                   "serves the bundle the rollout asked for, and its outcome in the rollout.")
 @click.option("--parallel", default=8, show_default=True, type=click.IntRange(min=1), help="--hosts: boxes at once.")
 @click.option("--board", default=None, help="Board file for SSH defaults (user, port, install dir, python).")
 @ssh_config_opt
@@ -276,23 +279,33 @@ def _print_plan(s: dict) -> None:
 @install_dir_opt
 @json_opt
 @handles_errors
-def status_cmd(host, hosts_file, limit, expected, parallel, board, ssh_config, remote_python, install_dir, as_json):
+def status_cmd(host, hosts_file, limit, expected, rollout_state, parallel, board, ssh_config, remote_python,
+               install_dir, as_json):
     """Show what a box runs: active bundle, model hash, board, the execution plan it runs and how it was chosen
     (with every plan's figures measured on the box), runtime versions, previous versions. Exit 6 when the active
     version no longer matches its manifest or the box's plan record for it is damaged.
 
     With --hosts, the fleet table: per box its active version, model hash, plan, board, last switch and (with
     --bundle) whether it serves that bundle; exit 10 when a box was not reached, else 9 when a box does not
-    serve --bundle, else 6 when a box's active version is damaged.
+    serve --bundle, else 6 when a box's active version is damaged. With --rollout STATE, the same table of that
+    rollout's boxes, matched against the bundle it asked for, with each box's outcome in it.
 
     \b
     Examples:
       edgehft status --host box
-      edgehft status --hosts inventory.ini --limit ny4 --bundle build/deeplob.cpu"""
-    if bool(host) == bool(hosts_file):
-        raise click.UsageError("give one of --host user@box or --hosts FILE")
+      edgehft status --hosts inventory.ini --limit ny4 --bundle build/deeplob.cpu
+      edgehft status --rollout .edgehft/rollouts/<id>.json"""
+    if sum(map(bool, (host, hosts_file, rollout_state))) != 1:
+        raise click.UsageError("give one of --host user@box, --hosts FILE or --rollout STATE")
     if (limit or expected) and not hosts_file:
         raise click.UsageError("--limit and --bundle go with --hosts FILE")
+    if rollout_state:
+        from edgehft.cli.fleet import fleet_status
+        from edgehft.cli.rollout import check_ssh_config, rollout_targets
+        from edgehft.deploy import rollout
+        r = rollout.load(rollout_state)
+        check_ssh_config(r, rollout_state, ssh_config)
+        sys.exit(fleet_status(rollout_targets(r), None, parallel, as_json, rollout=r))
     if hosts_file:
         from edgehft.cli.fleet import fleet_status
         sys.exit(fleet_status(_inventory_targets(hosts_file, limit, board, remote_python, install_dir, ssh_config),

@@ -51,34 +51,52 @@ def fleet_exit_code(rows: list[dict]) -> int:
     return max(codes, default=0)
 
 
-def fleet_status(boxes: list[tuple[dict, object]], expected_dir: str | None, parallel: int, as_json: bool) -> int:
+def fleet_status(boxes: list[tuple[dict, object]], expected_dir: str | None, parallel: int, as_json: bool,
+                 rollout=None) -> int:
     """Ask every box of ``boxes`` (``(inventory entry, SshTarget)`` pairs), ``parallel`` at a time, print the
-    table (or ``--json``: ``{"boxes": [row...], "expected_bundle_sha256"}``), return the exit code."""
+    table (or ``--json``: ``{"boxes": [row...], "expected_bundle_sha256"}``), return the exit code. ``rollout`` (a
+    :class:`~edgehft.deploy.rollout.Rollout`): the version it asked for is the expected one, and each row gets the
+    box's outcome in it (``rollout``: done / failed / not reached / rolled back)."""
     expected_sha = None
-    if expected_dir:
+    if rollout is not None:
+        expected_sha = rollout.bundle_sha256
+    elif expected_dir:
         from edgehft.bundle import MANIFEST, load_bundle, sha256_file
         expected_sha = sha256_file(load_bundle(expected_dir, verify=False).path / MANIFEST)
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         rows = list(pool.map(lambda et: box_row(et[0], et[1], expected_sha), boxes))
+    if rollout is not None:
+        from edgehft.cli.rollout import outcome
+        said = {b.name: outcome(rollout, b) for b in rollout.boxes}
+        for r in rows:
+            r["rollout"] = said.get(r["name"])
     if as_json:
-        click.echo(json.dumps({"boxes": rows, "expected_bundle_sha256": expected_sha}))
+        click.echo(json.dumps({"boxes": rows, "expected_bundle_sha256": expected_sha,
+                               "rollout": None if rollout is None else rollout.id}))
     else:
-        print_fleet(rows, expected_dir)
+        print_fleet(rows, expected_dir if rollout is None else f"the bundle rollout {rollout.id} asked for "
+                    f"({rollout.bundle})")
     return fleet_exit_code(rows)
 
 
 def print_fleet(rows: list[dict], expected_dir: str | None) -> None:
-    """The fleet table; a column whose value is the same on every reached box becomes a line under it."""
+    """The fleet table; a column whose value is the same on every reached box becomes a line under it (with
+    ``rollout`` in the rows: each box's outcome in that rollout)."""
     reached = [r for r in rows if r["reached"]]
     same = {c: reached[0][c] for c in ("board", "plan") if reached and len({r[c] for r in reached}) == 1}
-    cols = ["box", "active version", "model", *(c for c in ("board", "plan") if c not in same), "switched"]
+    by_rollout = bool(rows) and "rollout" in rows[0]       # the box's outcome there instead of its last switch
+    cols = ["box", "active version", "model", *(c for c in ("board", "plan") if c not in same),
+            "rollout" if by_rollout else "switched"]
     cols += ["matches"] if expected_dir else []
     t = Table(title=f"fleet: {len(reached)} of {len(rows)} boxes answered", title_justify="left")
     for c in cols:
-        t.add_column(c, no_wrap=c in ("box", "active version", "model", "switched", "matches"), overflow="fold")
+        t.add_column(c, no_wrap=c in ("box", "active version", "model", "switched", "matches", "rollout"),
+                     overflow="fold")
     for r in rows:
         if not r["reached"]:
-            t.add_row(printable(r["name"]), "[red]not reached[/]", *[""] * (len(cols) - 2))
+            row = {"box": printable(r["name"]), "active version": "[red]not reached[/]",
+                   "rollout": printable(str(r.get("rollout") or ""))}
+            t.add_row(*(row.get(c, "") for c in cols))
             continue
         sw = r["last_switch"]
         cells = {"box": printable(r["name"]), "active version": printable(str(r["active"] or "nothing")),
@@ -86,10 +104,11 @@ def print_fleet(rows: list[dict], expected_dir: str | None) -> None:
                  "plan": printable(str(r["plan"] or "")),
                  "switched": _short_utc(sw["utc"]) + (" rollback" if sw["event"] == "rollback" else "")
                  if sw else "",
-                 "matches": "[green]yes[/]" if r["matches"] else "[red]NO[/]"}
+                 "matches": "[green]yes[/]" if r["matches"] else "[red]NO[/]",
+                 "rollout": printable(str(r.get("rollout") or ""))}
         t.add_row(*(cells[c] for c in cols))
     out.print(t)
-    said = "switched: the last activate or rollback, UTC"
+    said = "rollout: the box's outcome in it" if by_rollout else "switched: the last activate or rollback, UTC"
     if expected_dir:
         said += f"; matches: the box serves {printable(str(expected_dir))}"
     out.print(said, highlight=False)

@@ -159,6 +159,12 @@ def _wave_printer(r):
     return on_wave
 
 
+def rollout_targets(r) -> list:
+    """``(inventory entry, SshTarget)`` pairs of the rollout's boxes (the entry: its name and host), as
+    :func:`edgehft.cli.fleet.fleet_status` takes them."""
+    return [({"name": b.name, "host": b.target.get("host", b.name)}, _target(b)) for b in r.boxes]
+
+
 def _target(b):
     from edgehft.deploy.ssh import SshTarget
     return SshTarget(**b.target)

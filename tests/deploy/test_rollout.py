@@ -103,6 +103,15 @@ def test_rollout_stops_at_max_fail_then_resumes_and_rolls_back(fleet, bundles, t
     assert table.exit_code == 9
     matches = {b["name"]: b["matches"] for b in json.loads(table.output)["boxes"]}
     assert matches == {**{n: True for n in roots}, "b6": False, "b8": False}
+    # the rollout's own fleet table: the version it asked for, and each box's outcome in it
+    by_state = CliRunner().invoke(main, ["status", "--rollout", str(state), "--ssh-config", faulty, "--json"])
+    assert by_state.exit_code == 9, by_state.output
+    rows = {b["name"]: (b["matches"], b["rollout"]) for b in json.loads(by_state.output)["boxes"]}
+    assert rows == {**{n: (True, "done") for n in roots}, "b6": (False, "failed"), "b8": (False, "not reached")}
+    shown = CliRunner().invoke(main, ["status", "--rollout", str(state), "--ssh-config", faulty], env={"COLUMNS": "80"})
+    assert shown.exit_code == 9 and all(len(line) <= 80 for line in shown.output.splitlines()), shown.output
+    assert "not reached" in shown.output and "failed" in shown.output and json.loads(state.read_text())["id"] in \
+        " ".join(shown.output.split())
 
     wrong = run("deploy", str(bundles["v1"]), "--resume", str(state))
     assert wrong.exit_code == 3 and "the rollout of another bundle" in wrong.output
