@@ -12,7 +12,9 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.markup import escape
+from rich.cells import cell_len
 from rich.table import Table
+from rich.text import Text
 
 
 class OpPlacement(BaseModel):
@@ -127,22 +129,59 @@ def ops_table(report: Report, layout: str | None = None) -> Table:
     return TABLES[layout if layout in TABLES else table_layout(report)](report, t)
 
 
+def fill_table(t: Table, columns: list[tuple[str, dict]], rows: list[list[str]], *, whole: tuple = (),
+               constant: tuple = (), what: str = "row") -> Table:
+    """``t`` with ``columns`` (name, ``add_column`` keywords) and ``rows``, laid out to read at 80 columns.
+
+    A column named in ``whole`` (what a user must type or read: board and op names) is never cut or wrapped:
+    it is as wide as its longest line. A column named in ``constant`` that holds one value on every row (of two
+    rows or more) is left out and said once in the table's caption ("every op: dtype float32, placement cpu");
+    one empty on every row is left out. Every other column folds its text rather than cutting it."""
+    keep, said = [], []
+    for k, (name, _) in enumerate(columns):
+        values = {r[k] for r in rows}
+        if name in constant and len(rows) > 1 and len(values) == 1:
+            if values != {""}:
+                said.append(f"{name} {next(iter(values))}")
+            continue
+        keep.append(k)
+    for k in keep:
+        name, kw = columns[k]
+        kw = dict(kw)
+        if name in whole:
+            widest = max((cell_len(line) for r in rows for line in Text.from_markup(r[k]).plain.splitlines()),
+                         default=0)
+            kw.update(no_wrap=True, min_width=max(widest, cell_len(name)))
+        else:
+            kw.setdefault("overflow", "fold")
+        t.add_column(name, **kw)
+    for r in rows:
+        t.add_row(*(r[k] for k in keep))
+    if said:
+        t.caption, t.caption_justify = f"every {what}: {', '.join(said)}", "left"
+    return t
+
+
 def _kernels_table(report: Report, t: Table) -> Table:
-    """Host-CPU reports: per op its dtype, placement and the kernel that runs it, with the reason and fix."""
-    for col, kw in (("#", {"justify": "right"}), ("op", {}), ("layer", {}), ("dtype", {}),
-                    ("placement", {}), ("kernel", {}), ("reason", {})):
-        t.add_column(col, **kw)
+    """Host-CPU reports: per op its dtype, placement and the kernel that runs it, with the reason and fix; a
+    reason given already is "as #N"."""
+    rows, first = [], {}
     for op in report.ops:
         reason = op.reason + (f" — fix: {op.fix}" if op.fix else "")
-        t.add_row(str(op.index), op.op, op.layer or "", op.dtype or "", op.placement, op.kernel or "", reason)
-    return t
+        if reason in first:
+            reason = f"as #{first[reason]}"
+        else:
+            first[reason] = op.index
+        rows.append([str(op.index), op.op, op.layer or "", op.dtype or "", op.placement, op.kernel or "", reason])
+    columns = [("#", {"justify": "right"}), ("op", {}), ("layer", {}), ("dtype", {}), ("placement", {}),
+               ("kernel", {}), ("reason", {"ratio": 1})]
+    return fill_table(t, columns, rows, whole=("op",), constant=("layer", "dtype", "placement", "kernel"),
+                      what="op")
 
 
 def _vendor_table(report: Report, t: Table) -> Table:
     """Accelerator reports: the vendor tool's status per op; a fix is printed once per distinct fix."""
-    for col, kw in (("#", {"justify": "right"}), ("op / layer", {"overflow": "fold"}), ("placement", {}),
-                    ("status", {"ratio": 2}), ("why, fix", {"ratio": 3, "overflow": "fold"})):
-        t.add_column(col, **kw)
+    rows = []
     shown: dict[str, int] = {}
     shown_why: dict[str, int] = {}
     for op in report.ops:
@@ -163,16 +202,17 @@ def _vendor_table(report: Report, t: Table) -> Table:
                 shown[op.fix] = op.index
                 why += f" — fix: {op.fix}"
         name = op.op + (f"\n[dim]{op.layer}[/]" if op.layer else "")
-        t.add_row(str(op.index), name, where, op.status or "", why)
-    return t
+        rows.append([str(op.index), name, where, op.status or "", why])
+    columns = [("#", {"justify": "right"}), ("op / layer", {}), ("placement", {}), ("status", {"ratio": 2}),
+               ("why, fix", {"ratio": 3})]
+    return fill_table(t, columns, rows, whole=("op / layer",), constant=("placement", "status", "why, fix"),
+                      what="op")
 
 
 def _tensorrt_table(report: Report, t: Table) -> Table:
     """Jetson reports: per ONNX node the predicted device, the engine inspector's (once an engine was built),
     and whether the row is confirmed; a disagreement shows the predicted reason next to the engine layer."""
-    for col, kw in (("#", {"justify": "right"}), ("ONNX node", {"overflow": "fold", "ratio": 2}), ("predicted", {}),
-                    ("confirmed", {}), ("status", {}), ("engine layer / why", {"ratio": 3, "overflow": "fold"})):
-        t.add_column(col, **kw)
+    rows = []
     for op in report.ops:
         predicted = op.kernel or "unsupported"
         if op.verdict == "confirmed":
@@ -183,8 +223,10 @@ def _tensorrt_table(report: Report, t: Table) -> Table:
         else:
             seen, status, why = "—", "predicted", op.reason         # strings already printable (print_report)
         name = op.op + (f"\n[dim]{op.layer}[/]" if op.layer else "")
-        t.add_row(str(op.index), name, predicted, seen, status, why)
-    return t
+        rows.append([str(op.index), name, predicted, seen, status, why])
+    columns = [("#", {"justify": "right"}), ("ONNX node", {"ratio": 2}), ("predicted", {}), ("confirmed", {}),
+               ("status", {}), ("engine layer / why", {"ratio": 3})]
+    return fill_table(t, columns, rows, constant=("predicted", "confirmed", "status"), what="node")
 
 
 TABLES = {"kernels": _kernels_table, "vendor": _vendor_table, "engine": _tensorrt_table}
@@ -193,15 +235,15 @@ op), "vendor" (the accelerator tool's status per op), "engine" (predicted vs eng
 
 
 def drift_table(drift: Drift) -> Table:
+    """The quantized model's drift from the float one per output, with the gate's verdict in the title."""
     verdict = "[green]pass[/]" if drift.passed else "[red]FAIL[/]"
     t = Table(title=f"drift: {drift.candidate} vs {drift.reference}, {drift.windows} held-out windows, "
                     f"threshold rel. MAE {drift.threshold_rel_mae:.2%}: {verdict}", title_justify="left")
-    for col in ("output", "MAE", "rel. MAE", "max |err|", "float range", "argmax agree"):
-        t.add_column(col, justify="right" if col != "output" else "left")
-    for o in drift.outputs:
-        t.add_row(o.name, f"{o.mae:.3g}", f"{o.mae_rel:.3%}", f"{o.max_abs:.3g}", f"{o.float_range:.3g}",
-                  "" if o.argmax_agreement is None else f"{o.argmax_agreement:.2%}")
-    return t
+    columns = [(c, {"justify": "right" if c != "output" else "left"})
+               for c in ("output", "MAE", "rel. MAE", "max |err|", "float range", "argmax agree")]
+    rows = [[o.name, f"{o.mae:.3g}", f"{o.mae_rel:.3%}", f"{o.max_abs:.3g}", f"{o.float_range:.3g}",
+             "" if o.argmax_agreement is None else f"{o.argmax_agreement:.2%}"] for o in drift.outputs]
+    return fill_table(t, columns, rows, whole=("output",), constant=("argmax agree",), what="output")
 
 
 def plan_table(plan: dict) -> Table:
@@ -209,14 +251,15 @@ def plan_table(plan: dict) -> Table:
     on = plan.get("measured_on", {})
     t = Table(title=f"plan: {plan['chosen']} ({plan['why']}); measured interleaved on CPU {on.get('pinned_cpu')} "
                     f"of {on.get('cpu_model', '?')}, 1 thread", title_justify="left")
-    for col in ("plan", "p50 µs", "p99 µs", "p99/p50", "drift rel. MAE", "argmax agree", "chosen"):
-        t.add_column(col, justify="left" if col == "plan" else "right")
+    columns = [(c, {"justify": "left" if c == "plan" else "right"})
+               for c in ("plan", "p50 µs", "p99 µs", "p99/p50", "drift rel. MAE", "argmax agree", "chosen")]
+    rows = []
     for m in plan["measured"]:
         d, a = m.get("drift_rel_mae"), m.get("argmax_agreement")
-        t.add_row(m["plan"], f"{m['p50_us']:.1f}", f"{m['p99_us']:.1f}", f"{m['p99_over_p50']:.2f}",
-                  "" if d is None else f"{d:.3%}" + ("" if m.get("drift_passed") else " [red]over[/]"),
-                  "" if a is None else f"{a:.2%}", "[green]yes[/]" if m["chosen"] else "")
-    return t
+        rows.append([m["plan"], f"{m['p50_us']:.1f}", f"{m['p99_us']:.1f}", f"{m['p99_over_p50']:.2f}",
+                     "" if d is None else f"{d:.3%}" + ("" if m.get("drift_passed") else " [red]over[/]"),
+                     "" if a is None else f"{a:.2%}", "[green]yes[/]" if m["chosen"] else ""])
+    return fill_table(t, columns, rows, whole=("plan",), constant=("argmax agree",), what="plan")
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

@@ -10,7 +10,7 @@ from rich.table import Table
 from edgehft import backends
 from edgehft.cli.common import board_flags_given, board_options_of, board_opts, handles_errors, json_opt, main, out
 from edgehft.errors import InputError
-from edgehft.report import printable
+from edgehft.report import fill_table, printable
 
 
 def _bundle_report(bundle, report_type):
@@ -223,12 +223,19 @@ def boards_cmd(probe, as_json):
         click.echo(json.dumps({"boards": [b.model_dump() for b in boards], "probe": found} if probe else
                               [b.model_dump() for b in boards]))
         return
-    t = Table(title="boards", title_justify="left")
-    for c in ("name", "backend", "quantization", "p99 budget µs", "description"):
-        t.add_column(c)
-    for b in boards:
-        t.add_row(b.name, b.backend, ", ".join(b.quantization), str(b.latency_budget_us.get("p99", "")),
-                  b.description)
+    t = Table(title="boards (p99 µs: the latency budget at the 99th percentile)", title_justify="left")
+    rows = [[b.name, b.backend, ", ".join(b.quantization), _budget(b.latency_budget_us.get("p99")), b.description]
+            for b in boards]
+    columns = [("name", {}), ("backend", {}), ("quantization", {"max_width": 14}), ("p99 µs", {"justify": "right"}),
+               ("description", {})]
+    fill_table(t, columns, rows, whole=("name", "backend"), what="board")
     out.print(t)
     for line in lines:
         out.print(printable(line), highlight=False)
+
+
+def _budget(us) -> str:
+    """A p99 budget in µs as the board file gives it, without a trailing ``.0``; empty when there is none."""
+    if us is None:
+        return ""
+    return f"{us:g}" if isinstance(us, (int, float)) else str(us)

@@ -1,0 +1,86 @@
+"""Tables at 80 columns (issue 19, CLI): `edgehft boards` and `edgehft report BUNDLE` never cut what a user must
+type or read (board names, op names); columns that hold one value on every row go into a note under the table.
+The bundle is tests/tiny_bundle.py's (no TensorFlow) with a report.json written here."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+from rich.table import Table
+
+from edgehft.cli import main
+from edgehft.report import OpPlacement, Report, fill_table, print_report
+from tiny_bundle import write_tiny_bundle
+
+LONG = ("UNIDIRECTIONAL_SEQUENCE_LSTM", "BIDIRECTIONAL_SEQUENCE_LSTM", "EMBEDDING_LOOKUP_SPARSE")
+
+
+def _op(k: int, name: str, kernel: str, **kw) -> dict:
+    return OpPlacement(index=k, op=name, layer=kw.pop("layer", f"layer_with_a_rather_long_name_{k}"),
+                       placement=kw.pop("placement", "cpu"), reason_code="XNNPACK", dtype="float32",
+                       reason=kw.pop("reason", "delegated to XNNPACK, which takes this op on this host's CPU"),
+                       kernel=kernel, **kw).model_dump()
+
+
+def _cpu_report() -> dict:
+    ops = [_op(k, name, kernel) for k, (name, kernel) in
+           enumerate(zip(LONG + ("FULLY_CONNECTED",), ("native", "builtin", "XNNPACK", "XNNPACK")))]
+    return {"board": "cpu", "verdict": "confirmed", "verdict_source": "LiteRT", "ops": ops}
+
+
+def _cli(*args) -> str:
+    r = CliRunner().invoke(main, list(args), terminal_width=80, env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 80, r.output
+    return r.output
+
+
+def _cells(text: str) -> list[list[str]]:
+    """The table rows of ``text`` as their cells, stripped."""
+    return [[c.strip() for c in line.strip("│").split("│")] for line in text.splitlines() if line.startswith("│")]
+
+
+def test_boards_at_80_columns_show_every_board_name_whole():
+    from edgehft.boards import list_boards
+    text = _cli("boards")
+    names = {b.name for b in list_boards()}
+    first = {row[0] for row in _cells(text)} - {""}
+    assert first == names                      # every name whole, in its own cell (jetson-orin-nano was cut)
+    assert "…" not in text
+    assert re.search(r"│ cpu +│ cpu +│ auto, int8, +│ +5000 │", text)    # the budget without ".0"
+
+
+def test_report_bundle_at_80_columns_keeps_op_names_and_notes_the_constant_columns(tmp_path):
+    b = write_tiny_bundle(tmp_path, report=_cpu_report())
+    text = _cli("report", str(b))
+    rows = [r for r in _cells(text) if r[0].isdigit()]
+    assert [r[1] for r in rows] == [*LONG, "FULLY_CONNECTED"]
+    assert "every op: dtype float32, placement cpu" in text
+    header = next(line for line in text.splitlines() if line.startswith("┃"))
+    assert "kernel" in header and "dtype" not in header and "placement" not in header
+    assert [r[3] for r in rows] == ["native", "builtin", "XNNPACK", "XNNPACK"]
+    assert "as #0" in text                    # a reason given once, then referred to
+    assert "…" not in text
+
+
+def test_vendor_table_at_80_columns_keeps_op_names():
+    ops = [_op(k, name, None, placement="accelerator" if k % 2 else "cpu", status="Mapped to Edge TPU" if k % 2
+               else "Operation is otherwise supported, but not mapped due to some unspecified limitation",
+               reason="not mapped" if k % 2 == 0 else "Mapped to Edge TPU", subgraph=0 if k % 2 else None)
+           for k, name in enumerate(LONG)]
+    rep = Report(board="coral-usb", verdict="confirmed", verdict_source="edgetpu_compiler", ops=ops)
+    con = Console(width=80, record=True)
+    print_report(rep, con, "vendor")
+    text = con.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for name in LONG:
+        assert re.search(rf"│ +\d+ │ {name} +│", text), name
+
+
+@pytest.mark.parametrize("rows, dropped", [([["a", "x"]], False), ([["a", "x"], ["b", "x"]], True)])
+def test_fill_table_drops_a_constant_column_only_over_two_rows_or_more(rows, dropped):
+    t = fill_table(Table(), [("name", {}), ("kind", {})], rows, whole=("name",), constant=("kind",))
+    assert [c.header for c in t.columns] == (["name"] if dropped else ["name", "kind"])
+    assert t.caption == ("every row: kind x" if dropped else None)
