@@ -121,12 +121,69 @@ def table_layout(report: Report) -> str:
     return "vendor" if any(op.status for op in report.ops) else "kernels"
 
 
-def ops_table(report: Report, layout: str | None = None) -> Table:
+SUMMARY_OVER = 60
+"""A report of more than this many ops is shown per Keras layer (:func:`layer_table`) unless asked op by op
+(``--ops``): an unrolled GRU is ~1000 ops of a few kinds."""
+
+
+def ops_table(report: Report, layout: str | None = None, full: bool = False) -> Table:
     """The per-op table of ``report`` laid out as ``layout`` (a :data:`TABLES` key: the backend partitioner's
-    ``table``); None or an unknown key: :func:`table_layout`."""
+    ``table``); None or an unknown key: :func:`table_layout`. Over :data:`SUMMARY_OVER` ops and without
+    ``full``: the per-layer summary (:func:`layer_table`) instead."""
+    layout = layout if layout in TABLES else table_layout(report)
+    if len(report.ops) > SUMMARY_OVER and not full:
+        return layer_table(report, layout)
     t = Table(title=f"{report.board}: {len(report.ops)} ops, placement {report.verdict} "
                     f"({report.verdict_source})", title_justify="left")
-    return TABLES[layout if layout in TABLES else table_layout(report)](report, t)
+    return TABLES[layout](report, t)
+
+
+def _where(op: OpPlacement, layout: str) -> str:
+    """Where ``op`` runs as a layer's row counts it: the kernel (cpu reports), the predicted device (Jetson), the
+    placement (accelerator reports)."""
+    if layout == "kernels":
+        return op.kernel or op.placement
+    if layout == "engine":
+        return op.confirmed or op.kernel or "unsupported"
+    return "accel" if op.placement == "accelerator" else op.placement
+
+
+def _counted(values: list[str]) -> str:
+    """``values`` as "A 12, B 3" by count (most first), or the one value alone."""
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _ranges(ix: list[int]) -> str:
+    """Op indexes as ranges: [0, 1, 2, 5] -> "#0-2, #5"."""
+    parts, start = [], None
+    for k, v in enumerate(ix):
+        start = v if start is None else start
+        if k + 1 == len(ix) or ix[k + 1] != v + 1:
+            parts.append(f"#{start}" if start == v else f"#{start}-{v}")
+            start = None
+    return ", ".join(parts)
+
+
+def layer_table(report: Report, layout: str) -> Table:
+    """``report`` per source layer, in the order of each layer's first op: its ops (count, indexes, kinds),
+    where they run (counted per :func:`_where`) and their dtypes; ops without a known layer are one row, "(no
+    layer)". The title says how to get the op-by-op table."""
+    groups: dict[str, list[OpPlacement]] = {}
+    for op in report.ops:
+        groups.setdefault(op.layer or "(no layer)", []).append(op)
+    rows = [[name, str(len(ops)), _ranges([o.index for o in ops]), _counted([o.op for o in ops]),
+             _counted([_where(o, layout) for o in ops]), _counted([o.dtype or "" for o in ops])]
+            for name, ops in groups.items()]
+    t = Table(title=f"{report.board}: {len(report.ops)} ops in {len(groups)} layers, placement {report.verdict} "
+                    f"({report.verdict_source}), per layer (op by op: --ops)", title_justify="left")
+    columns = [("layer", {}), ("ops", {"justify": "right"}), ("op #", {}), ("op kinds", {"ratio": 3}),
+               ("runs on", {"ratio": 2}), ("dtype", {})]
+    return fill_table(t, columns, rows, whole=("layer",), constant=("runs on", "dtype"), what="op")
 
 
 def fill_table(t: Table, columns: list[tuple[str, dict]], rows: list[list[str]], *, whole: tuple = (),
@@ -282,12 +339,14 @@ def _printable_tree(value):
     return value
 
 
-def print_report(report: Report, console: Console | None = None, layout: str | None = None) -> None:
+def print_report(report: Report, console: Console | None = None, layout: str | None = None,
+                 full: bool = False) -> None:
     """The report as tables and lines on ``console``; every string in it is printed as text, never as
-    markup or terminal control codes (:func:`printable`). ``layout``: the per-op table's (:func:`ops_table`)."""
+    markup or terminal control codes (:func:`printable`). ``layout`` and ``full``: the per-op table's
+    (:func:`ops_table`; ``full``: op by op however many ops)."""
     console = console or Console()
     report = Report.model_validate(_printable_tree(report.model_dump()))
-    console.print(ops_table(report, layout))
+    console.print(ops_table(report, layout, full))
     counts = ", ".join(f"{k}: {v}" for k, v in report.counts.items())
     console.print(f"ops by {'placement' if any(o.status for o in report.ops) else 'kernel'}: {counts}; "
                   f"{len(report.segments)} segment(s), {report.boundary_copies} boundary copies")

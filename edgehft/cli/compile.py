@@ -40,6 +40,8 @@ from edgehft.errors import EdgeHFTError
                    "converter as is (diagnosis only).")
 @click.option("--force", is_flag=True,
               help="Replace a bundle already in --out that was compiled for another board or from another model.")
+@click.option("--ops", "full", is_flag=True,
+              help="The op-by-op table however many ops; a report of more than 60 ops shows one row per Keras layer (its ops, where they run, dtype) without it.")
 @board_opts("compile")
 @click.option("--sign", "sign_key", type=click.Path(exists=True, dir_okay=False), default=None, metavar="KEY",
               help="Sign the bundle's manifest with this SSH key (ssh-keygen -Y sign, namespace edgehft-bundle) "
@@ -47,7 +49,7 @@ from edgehft.errors import EdgeHFTError
 @json_opt
 @handles_errors
 def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_windows, drift_windows, golden_count,
-                drift_threshold, strict, timeout_s, lowering, force, sign_key, as_json, **board_values):
+                drift_threshold, strict, timeout_s, lowering, force, full, sign_key, as_json, **board_values):
     """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
     partition it, and write a bundle.
 
@@ -80,7 +82,7 @@ def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_win
         click.echo(json.dumps({"bundle": str(res.bundle.path), "warnings": res.warnings,
                                "report": res.report.model_dump(), "signature": signature}))
         return
-    print_report(res.report, out)
+    print_report(res.report, out, full=full)
     for w in res.warnings:
         err.print(f"[bold yellow]warning:[/] {w}")
     m = res.bundle.manifest

@@ -48,9 +48,11 @@ def _bundle_report(bundle, report_type):
 @click.option("--plan", "plan", default=None,
               help="With --streaming, for a bundle of several plans: analyse this plan (default: its top level).")
 @click.option("--reasons", is_flag=True, help="With --streaming: a column with each op's reason.")
+@click.option("--ops", "full", is_flag=True,
+              help="The op-by-op table however many ops; a report of more than 60 ops shows one row per Keras layer (its ops, where they run, dtype) without it.")
 @json_opt
 @handles_errors
-def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, plan, reasons, as_json,
+def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, plan, reasons, full, as_json,
                **board_values):
     """Show the op placement report of PATH: a bundle directory, a quantized .tflite (predicted
     partition for --board), a compiled *_edgetpu.tflite (what is inside the edgetpu-custom-op), or an
@@ -62,6 +64,7 @@ def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, 
     \b
     Examples:
       edgehft report build/deeplob.cpu
+      edgehft report build/gru.cpu --ops
       edgehft report model.tflite --board coral-usb -m 13
       edgehft report build/lstm_a.cpu --streaming --plan native"""
     from edgehft.report import print_report
@@ -77,7 +80,7 @@ def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, 
     if engine_records and not p.is_dir():
         raise click.UsageError("--engine-record applies to a Jetson bundle directory")
     if p.is_dir():
-        _show_bundle(p, engine_records, as_json)
+        _show_bundle(p, engine_records, as_json, full)
         return
     suffix = ".onnx" if p.suffix == ".onnx" else ".tflite"       # any other file is read as a TFLite model
     if suffix == ".tflite":
@@ -95,10 +98,10 @@ def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, 
     if as_json:
         click.echo(json.dumps({"model": str(p), "report": rep.model_dump()}))
         return
-    print_report(rep, out, part.table or None)
+    print_report(rep, out, part.table or None, full)
 
 
-def _show_bundle(path: Path, engine_records, as_json: bool) -> None:
+def _show_bundle(path: Path, engine_records, as_json: bool, full: bool = False) -> None:
     """``report BUNDLE``: its report.json, with what its backend's partitioner confirmed since (Jetson: the
     engine inspector's placement, once build-engine ran)."""
     from edgehft.bundle import load_bundle
@@ -112,7 +115,7 @@ def _show_bundle(path: Path, engine_records, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
         return
-    print_report(rep, out, part.table or None)
+    print_report(rep, out, part.table or None, full)
 
 
 def _streaming_report(path: Path, streaming: bool, plan: str | None, reasons: bool, as_json: bool) -> None:

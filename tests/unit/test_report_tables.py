@@ -42,6 +42,17 @@ def _cells(text: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("│").split("│")] for line in text.splitlines() if line.startswith("│")]
 
 
+def _row(text: str, first: str) -> list[str]:
+    """The cells of the table row whose first cell is ``first``, each with its folded lines joined by a space."""
+    rows: list[list[str]] = []
+    for cells in _cells(text):
+        if cells[0]:
+            rows.append(cells)
+        elif rows:
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells)]
+    return next(r for r in rows if r[0] == first)
+
+
 def test_boards_at_80_columns_show_every_board_name_whole():
     from edgehft.boards import list_boards
     text = _cli("boards")
@@ -84,3 +95,44 @@ def test_fill_table_drops_a_constant_column_only_over_two_rows_or_more(rows, dro
     t = fill_table(Table(), [("name", {}), ("kind", {})], rows, whole=("name",), constant=("kind",))
     assert [c.header for c in t.columns] == (["name"] if dropped else ["name", "kind"])
     assert t.caption == ("every row: kind x" if dropped else None)
+
+
+def _gru_report(n_gru: int) -> dict:
+    """A cpu report shaped like an unrolled GRU's: ``n_gru`` ops of the layer "gru" (a few kinds, on XNNPACK but
+    every tenth on builtin), then the Dense head and a softmax without a layer name."""
+    kinds = ("FULLY_CONNECTED", "SPLIT", "LOGISTIC", "MUL", "ADD")
+    ops = [_op(k, kinds[k % 5], "builtin" if k % 10 == 9 else "XNNPACK", layer="gru") for k in range(n_gru)]
+    ops += [_op(n_gru, "FULLY_CONNECTED", "XNNPACK", layer="probs"),
+            _op(n_gru + 1, "SOFTMAX", "builtin", layer=None)]
+    return {"board": "cpu", "verdict": "confirmed", "verdict_source": "LiteRT", "ops": ops}
+
+
+def test_report_of_968_ops_is_one_row_per_layer_and_the_ops_flag_gives_every_op(tmp_path):
+    b = write_tiny_bundle(tmp_path, report=_gru_report(966))
+    text = _cli("report", str(b))
+    assert "968 ops in 3 layers" in text and "op by op: --ops" in " ".join(text.split())
+    rows = [r for r in _cells(text) if r[0]]
+    assert [r[:3] for r in rows] == [["gru", "966", "#0-965"], ["probs", "1", "#966"], ["(no layer)", "1", "#967"]]
+    assert _row(text, "gru")[3:] == ["FULLY_CONNECTED 194, SPLIT 193, LOGISTIC 193, MUL 193, ADD 193",
+                                     "XNNPACK 870, builtin 96"]
+    assert _row(text, "(no layer)")[3:] == ["SOFTMAX", "builtin"]
+    assert "every op: dtype float32" in text
+    full = _cli("report", str(b), "--ops")
+    numbered = [r for r in _cells(full) if r[0].isdigit()]
+    assert [int(r[0]) for r in numbered] == list(range(968))
+
+
+@pytest.mark.parametrize("n_gru, per_layer", [(58, False), (59, True)])
+def test_per_layer_summary_starts_over_60_ops(n_gru, per_layer):
+    from edgehft.report import SUMMARY_OVER, ops_table
+    rep = Report.model_validate(_gru_report(n_gru))
+    assert SUMMARY_OVER == 60 and len(rep.ops) == n_gru + 2
+    header = [c.header for c in ops_table(rep).columns]
+    assert (header[0] == "layer") is per_layer
+    assert [c.header for c in ops_table(rep, full=True).columns][0] == "#"
+
+
+def test_compile_and_report_help_say_the_threshold():
+    for cmd in ("compile", "report"):
+        text = CliRunner().invoke(main, [cmd, "--help"], terminal_width=200).output
+        assert "--ops" in text and "more than 60 ops shows one row per Keras layer" in text, cmd
