@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from edgehft.cli.common import board_options_of, board_opts, err, handles_errors, json_opt, main, out, select_opt
 from edgehft.errors import EdgeHFTError
@@ -31,7 +32,10 @@ from edgehft.errors import EdgeHFTError
 @click.option("--features", default=None, help="Feature pipeline 'file.py:function' (default: the model's sidecar).")
 @click.option("--calib-windows", default=300, show_default=True, help="Windows used for calibration.")
 @click.option("--drift-windows", default=500, show_default=True, help="Held-out windows for the drift check.")
-@click.option("--golden", "golden_count", default=16, show_default=True, help="Golden vectors to store.")
+@click.option("--golden-count", "golden_count", default=16, show_default=True, type=int,
+              metavar="N", help="Golden vectors to store (`edgehft run --golden` checks them).")
+@click.option("--golden", "golden_legacy", default=None, type=int, hidden=True,
+              help="Deprecated spelling of --golden-count N.")
 @click.option("--drift-threshold", default=0.01, show_default=True, help="Gate on relative MAE (0.01 = 1 %).")
 @click.option("--strict", is_flag=True, help="Drift over the threshold is an error (exit 5), not a warning.")
 @click.option("--timeout", "timeout_s", default=1800.0, show_default=True, help="Converter time limit, s.")
@@ -49,7 +53,8 @@ from edgehft.errors import EdgeHFTError
 @json_opt
 @handles_errors
 def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_windows, drift_windows, golden_count,
-                drift_threshold, strict, timeout_s, lowering, force, full, sign_key, as_json, **board_values):
+                golden_legacy, drift_threshold, strict, timeout_s, lowering, force, full, sign_key, as_json,
+                **board_values):
     """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
     partition it, and write a bundle.
 
@@ -62,6 +67,7 @@ def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_win
     if not calib and not str(model).endswith(".tflite"):
         raise click.UsageError("Missing option '--calib': calibration ticks (tick windows .npy/.npz, or raw feeds "
                                "with --features) quantize a Keras model; only a quantized .tflite is taken without")
+    golden_count = _golden_count(golden_count, golden_legacy)
     if not force:
         _check_replace(Path(model), board, Path(out_dir))
     if sign_key:
@@ -98,6 +104,19 @@ def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_win
     if signature:
         out.print(f"signed: {signature['signature']} ({signature['key']}, namespace {signature['namespace']})",
                   highlight=False, soft_wrap=True)
+
+
+def _golden_count(count: int, legacy: int | None) -> int:
+    """The golden vectors to store: ``--golden-count N``, or the deprecated ``--golden N`` (said on stderr: in
+    ``run`` --golden is the flag that checks them). Both, differing: a usage error (exit 2)."""
+    if legacy is None:
+        return count
+    given = click.get_current_context().get_parameter_source("golden_count") is not ParameterSource.DEFAULT
+    if given and count != legacy:
+        raise click.UsageError(f"--golden {legacy} and --golden-count {count} disagree: give --golden-count alone")
+    err.print(f"[bold yellow]warning:[/] compile --golden N is deprecated: use --golden-count {legacy} "
+              "(`run --golden` is the flag that checks the golden vectors)", highlight=False)
+    return legacy
 
 
 def _sign_compiled(bundle_path, key) -> dict:
