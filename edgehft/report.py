@@ -304,19 +304,50 @@ def drift_table(drift: Drift) -> Table:
 
 
 def plan_table(plan: dict) -> Table:
-    """The cpu board's measured execution plans (``--quant auto``)."""
+    """The cpu board's measured execution plans (``--quant auto``); the chosen row says by which criterion
+    (``--select``: lowest p50, p99 or p99.9 of the plans that pass the drift gate, or the lowest drift when none
+    does), and the p99.9 column is shown when it was the criterion."""
     on = plan.get("measured_on", {})
+    select = plan.get("select") or "p99"
+    gated = not str(plan.get("why", "")).startswith("no plan passes")
     t = Table(title=f"plan: {plan['chosen']} ({plan['why']}); measured interleaved on CPU {on.get('pinned_cpu')} "
                     f"of {on.get('cpu_model', '?')}, 1 thread", title_justify="left")
-    columns = [(c, {"justify": "left" if c == "plan" else "right"})
-               for c in ("plan", "p50 µs", "p99 µs", "p99/p50", "drift rel. MAE", "argmax agree", "chosen")]
+    pcts = ["p50", "p99"] + (["p99.9"] if select == "p99.9" else [])
+    names = ["plan", *(f"{p} µs" for p in pcts), "p99/p50", "drift rel. MAE", "argmax agree", "chosen"]
+    columns = [(c, {"justify": "left" if c == "plan" else "right"}) for c in names]
+    chosen = f"[green]yes[/]: lowest {select}" if gated else "[yellow]yes[/]: lowest drift"
     rows = []
     for m in plan["measured"]:
         d, a = m.get("drift_rel_mae"), m.get("argmax_agreement")
-        rows.append([m["plan"], f"{m['p50_us']:.1f}", f"{m['p99_us']:.1f}", f"{m['p99_over_p50']:.2f}",
+        figures = [f"{m[f'{p}_us']:.1f}" if m.get(f"{p}_us") is not None else "" for p in pcts]
+        rows.append([m["plan"], *figures, f"{m['p99_over_p50']:.2f}",
                      "" if d is None else f"{d:.3%}" + ("" if m.get("drift_passed") else " [red]over[/]"),
-                     "" if a is None else f"{a:.2%}", "[green]yes[/]" if m["chosen"] else ""])
+                     "" if a is None else f"{a:.2%}", chosen if m["chosen"] else ""])
     return fill_table(t, columns, rows, whole=("plan",), constant=("argmax agree",), what="plan")
+
+
+def golden_line(g: dict) -> str | None:
+    """The report's line on the golden outputs against LiteRT's reference kernels (None when they were not
+    compared): "identical" when they match, else the largest difference, on how many windows, and whether it is
+    within the golden check's tolerance (``compare`` and ``atol``, as the manifest's ``golden``)."""
+    if "reference_kernels_path" not in g:
+        return None
+    other = ("LiteRT reference kernels + native kernels' portable paths" if "(portable)" in
+             str(g["reference_kernels_path"]) else "LiteRT reference kernels")
+    head = f"golden outputs ({g['reference_path']}) vs {other}"
+    diff, count = float(g["max_diff_vs_reference_kernels"]), g["count"]
+    if diff == 0:
+        return f"{head}: identical on all {count} windows"
+    figures = f"{head}: max diff {diff:g} (raw output units) on {g['windows_differing_from_reference_kernels']} of " \
+              f"{count} windows"
+    compare, atol = g.get("compare"), g.get("atol")
+    if compare == "exact":
+        return f"{figures}: over the golden check's tolerance (exact): the golden vectors match only the kernels " \
+               "that made them"
+    if atol is None:
+        return f"{figures} (no tolerance recorded with them)"
+    within = "within" if diff <= float(atol) else "over"
+    return f"{figures}: {within} the golden check's tolerance (allclose, atol {float(atol):g})"
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -359,13 +390,9 @@ def print_report(report: Report, console: Console | None = None, layout: str | N
         console.print(plan_table(report.plan))
     if report.drift:
         console.print(drift_table(report.drift))
-    g = report.golden
-    if "reference_kernels_path" in g:
-        other = ("LiteRT reference kernels + native kernels' portable paths" if "(portable)" in
-                 str(g["reference_kernels_path"]) else "LiteRT reference kernels")
-        console.print(f"golden outputs ({g['reference_path']}) vs {other}: max diff "
-                      f"{g['max_diff_vs_reference_kernels']:g} (raw output units) on "
-                      f"{g['windows_differing_from_reference_kernels']} of {g['count']} windows")
+    line = golden_line(report.golden)
+    if line:
+        console.print(line)
     if report.plan:
         console.print(f"reference plan: {report.plan['reference']}")
     for n in report.notes:

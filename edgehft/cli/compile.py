@@ -95,15 +95,29 @@ def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_win
     calib_text = (f"{m.quantization.calibration_windows} calibration windows "
                   f"(sha256 {m.quantization.calibration_sha256[:12]}…)" if m.quantization.calibration_sha256
                   else "taken as is (no calibration)")
-    extra = f", compiled: {', '.join(m.artifacts.values())}" if m.artifacts else ""
     out.print(f"bundle [bold]{res.bundle.path}[/]: board {m.board}, {m.quantization.mode}, {calib_text}, "
-              f"{m.golden.count if m.golden else '[bold yellow]NO[/]'} golden vectors{extra}")
+              f"{m.golden.count if m.golden else '[bold yellow]NO[/]'} golden vectors; {files_said(m)}")
     if m.plans:
         out.print(f"plans carried: {', '.join(m.plans)} (top level {m.quantization.mode}, this host's lowest {select}; "
                   "`edgehft deploy` times them on the box and records the one it runs)", highlight=False)
     if signature:
         out.print(f"signed: {signature['signature']} ({signature['key']}, namespace {signature['namespace']})",
                   highlight=False, soft_wrap=True)
+
+
+ARTIFACT_ROLES = {"edgetpu_model": "compiled for the Edge TPU: what runs",
+                  "native": "the native kernels' chain over it: what runs",
+                  "int8_ir": "the full-int8 graph, kept for reference: not run by this bundle"}
+"""What each of a manifest's ``artifacts`` roles is, as the compile's last line says it."""
+
+
+def files_said(m) -> str:
+    """The model files of manifest ``m`` as compile's last line says them: the graph (``model_file``, of the
+    bundle's quantization mode) and each artifact with its role (:data:`ARTIFACT_ROLES`), so a float plan's
+    bundle does not read as if it ran ``model_int8.tflite``."""
+    said = [f"model {m.model_file} ({m.quantization.mode})"]
+    said += [f"{rel} ({ARTIFACT_ROLES.get(role, role)})" for role, rel in m.artifacts.items()]
+    return ", ".join(said)
 
 
 def _golden_count(count: int, legacy: int | None) -> int:

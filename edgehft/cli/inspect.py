@@ -112,6 +112,9 @@ def _show_bundle(path: Path, engine_records, as_json: bool, full: bool = False) 
     if engine_records and not part.takes_engine_records:
         raise click.UsageError(f"--engine-record applies to a Jetson bundle; {b.path} is for {b.manifest.board}")
     rep = part.confirm(b, rep, engine_records)
+    if b.manifest.golden and "reference_kernels_path" in rep.golden:     # a report written before it kept them
+        rep.golden.setdefault("compare", b.manifest.golden.compare)
+        rep.golden.setdefault("atol", b.manifest.golden.atol)
     if as_json:
         click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
         return

@@ -1,6 +1,7 @@
 """The op report of a large model (issue 19, CLI): a GRU with ``unroll=True`` (tests/make_models.py, 20 steps)
 lowers to some 300 TFLite ops; `edgehft compile` and `edgehft report` show them per Keras layer at 80 columns,
-and op by op with ``--ops``."""
+and op by op with ``--ops``; the golden line says whether the reference kernels' difference is within the
+golden check's tolerance, and the last line names the graph the bundle runs."""
 from __future__ import annotations
 
 import json
@@ -52,6 +53,13 @@ def test_unrolled_gru_is_reported_per_layer_and_op_by_op_on_request(models, tmp_
         rows = _table_rows(shown)
         assert [r[0] for r in rows] == list(layers)
         assert rows[list(layers).index("gru")][1:3] == [str(len(gru)), f"#{gru[0]}-{gru[-1]}"]
+    g = json.loads((out / "report.json").read_text())["golden"]
+    m = json.loads((out / "manifest.json").read_text())["golden"]
+    assert (g["compare"], g["atol"]) == (m["compare"], m["atol"]) == ("allclose", m["atol"])    # kept in the report
+    said = " ".join(text.split())
+    assert ("identical on all 16 windows" if g["max_diff_vs_reference_kernels"] == 0 else
+            f"within the golden check's tolerance (allclose, atol {m['atol']:g})") in said
+    assert said.endswith("golden vectors; model model.tflite (float)")
     full = _table_rows(_cli("report", out, "--ops"))
     assert [int(r[0]) for r in full] == [op["index"] for op in ops]
     assert {r[1] for r in full} == {op["op"] for op in ops}

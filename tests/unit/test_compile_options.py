@@ -64,3 +64,24 @@ def test_help_shows_golden_count_in_compile_and_the_golden_flag_in_run():
     assert "--golden-count N" in compile_help
     assert "--golden " not in compile_help.replace("run --golden", "")      # the alias is hidden
     assert "--golden " in run_help and "--golden-count" not in run_help
+
+
+def test_a_float_plans_last_line_names_the_graph_it_runs_not_model_int8(compiled, tmp_path, monkeypatch):
+    """The issue: a float plan's bundle ended with "compiled: model_int8.tflite"."""
+    from types import SimpleNamespace
+
+    import edgehft.compiler.pipeline as pipeline
+    from edgehft.bundle import load_bundle
+    from edgehft.report import Report
+    from tiny_bundle import write_tiny_bundle
+    (tmp_path / "t").mkdir()
+    b = load_bundle(write_tiny_bundle(tmp_path / "t"))
+    b.manifest.artifacts = {"int8_ir": "model_int8.tflite"}              # as --quant auto choosing float leaves
+    rep = Report(board="cpu", verdict="confirmed", verdict_source="LiteRT", ops=[])
+    monkeypatch.setattr(pipeline, "compile_model", lambda *a, **k: SimpleNamespace(bundle=b, report=rep, warnings=[]))
+    res, _ = compiled()
+    assert res.exit_code == 0, res.output
+    last = " ".join(res.output.split()).rsplit("bundle ", 1)[1]
+    assert last.endswith("golden vectors; model model.tflite (float), model_int8.tflite (the full-int8 graph, kept "
+                         "for reference: not run by this bundle)")
+    assert "compiled:" not in res.output

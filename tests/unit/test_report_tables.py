@@ -136,3 +136,63 @@ def test_compile_and_report_help_say_the_threshold():
     for cmd in ("compile", "report"):
         text = CliRunner().invoke(main, [cmd, "--help"], terminal_width=200).output
         assert "--ops" in text and "more than 60 ops shows one row per Keras layer" in text, cmd
+
+
+_G = {"count": 16, "reference_path": "LiteRT XNNPACK", "reference_kernels_path": "LiteRT BUILTIN_REF"}
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"max_diff_vs_reference_kernels": 0.0, "windows_differing_from_reference_kernels": 0},
+     "vs LiteRT reference kernels: identical on all 16 windows"),
+    ({"max_diff_vs_reference_kernels": 1e-5, "windows_differing_from_reference_kernels": 12, "compare": "allclose",
+      "atol": 2e-5}, "max diff 1e-05 (raw output units) on 12 of 16 windows: within the golden check's tolerance "
+                     "(allclose, atol 2e-05)"),
+    ({"max_diff_vs_reference_kernels": 3e-5, "windows_differing_from_reference_kernels": 2, "compare": "allclose",
+      "atol": 2e-5}, "on 2 of 16 windows: over the golden check's tolerance (allclose, atol 2e-05)"),
+    ({"max_diff_vs_reference_kernels": 3.0, "windows_differing_from_reference_kernels": 5, "compare": "exact",
+      "atol": 0.0}, "max diff 3 (raw output units) on 5 of 16 windows: over the golden check's tolerance (exact): the "
+                 "golden vectors match only the kernels that made them"),
+    ({"max_diff_vs_reference_kernels": 3.0, "windows_differing_from_reference_kernels": 5},
+     "on 5 of 16 windows (no tolerance recorded with them)"),
+])
+def test_golden_line_says_identical_or_whether_the_difference_is_within_tolerance(extra, says):
+    from edgehft.report import golden_line
+    line = golden_line({**_G, **extra})
+    assert line.startswith("golden outputs (LiteRT XNNPACK) vs LiteRT reference kernels") and line.endswith(says)
+    assert "0 LSB" not in line
+
+
+def test_report_of_an_older_bundle_takes_the_tolerance_from_its_manifest(tmp_path):
+    golden = {**_G, "max_diff_vs_reference_kernels": 3e-6, "windows_differing_from_reference_kernels": 4}
+    b = write_tiny_bundle(tmp_path, report={**_cpu_report(), "golden": golden})     # tiny: allclose, atol 1e-5
+    text = " ".join(_cli("report", str(b)).split())
+    assert "on 4 of 16 windows: within the golden check's tolerance (allclose, atol 1e-05)" in text
+
+
+def _plan(select: str, why: str) -> dict:
+    row = {"p50_us": 10.0, "p99_us": 20.0, "p99.9_us": 31.5, "p99_over_p50": 2.0, "drift_rel_mae": 0.001,
+           "drift_passed": True, "argmax_agreement": 0.99}
+    return {"chosen": "native", "why": why, "select": select, "measured_on": {"pinned_cpu": 1, "cpu_model": "x"},
+            "measured": [{"plan": "int8", **row, "chosen": False}, {"plan": "native", **row, "chosen": True}]}
+
+
+@pytest.mark.parametrize("select, why, chosen", [
+    ("p99", "lowest p99 of the plans that pass the drift gate, measured on this host", "yes: lowest p99"),
+    ("p99.9", "lowest p99.9 of the plans that pass the drift gate, measured on this host", "yes: lowest p99.9"),
+    ("p99", "no plan passes the drift gate: the one with the lowest drift", "yes: lowest drift")])
+def test_plan_table_says_the_criterion_that_chose_the_plan(select, why, chosen):
+    from edgehft.report import plan_table
+    con = Console(width=120, record=True)
+    con.print(plan_table(_plan(select, why)))
+    text = con.export_text()
+    native = next(line for line in text.splitlines() if line.startswith("│ native"))
+    assert native.rstrip(" │").endswith(chosen)
+    assert ("p99.9 µs" in text) is (select == "p99.9") and ("31.5" in native) is (select == "p99.9")
+
+
+def test_coral_golden_note_says_identical_not_0_lsb():
+    from edgehft.compiler.coral import golden_notes
+    same = golden_notes({**_G, "max_diff_vs_reference_kernels": 0.0})[0][0]
+    apart = golden_notes({**_G, "max_diff_vs_reference_kernels": 2.0})[0][0]
+    assert "kernel paths give identical outputs here" in same and "0 LSB" not in same
+    assert "differ by up to 2 LSB here" in apart
