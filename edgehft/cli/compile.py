@@ -45,7 +45,8 @@ from edgehft.errors import EdgeHFTError
 @click.option("--force", is_flag=True,
               help="Replace a bundle already in --out that was compiled for another board or from another model.")
 @click.option("--ops", "full", is_flag=True,
-              help="The op-by-op table however many ops; a report of more than 60 ops shows one row per Keras layer (its ops, where they run, dtype) without it.")
+              help="The op-by-op table however many ops; a report of more than 60 ops shows one row per Keras "
+                   "layer (its ops, where they run, dtype) without it.")
 @board_opts("compile")
 @click.option("--sign", "sign_key", type=click.Path(exists=True, dir_okay=False), default=None, metavar="KEY",
               help="Sign the bundle's manifest with this SSH key (ssh-keygen -Y sign, namespace edgehft-bundle) "

@@ -49,7 +49,8 @@ def _bundle_report(bundle, report_type):
               help="With --streaming, for a bundle of several plans: analyse this plan (default: its top level).")
 @click.option("--reasons", is_flag=True, help="With --streaming: a column with each op's reason.")
 @click.option("--ops", "full", is_flag=True,
-              help="The op-by-op table however many ops; a report of more than 60 ops shows one row per Keras layer (its ops, where they run, dtype) without it.")
+              help="The op-by-op table however many ops; a report of more than 60 ops shows one row per Keras "
+                   "layer (its ops, where they run, dtype) without it.")
 @json_opt
 @handles_errors
 def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, plan, reasons, full, as_json,
