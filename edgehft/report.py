@@ -12,7 +12,9 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.markup import escape
+from rich.cells import cell_len
 from rich.table import Table
+from rich.text import Text
 
 
 class OpPlacement(BaseModel):
@@ -119,30 +121,124 @@ def table_layout(report: Report) -> str:
     return "vendor" if any(op.status for op in report.ops) else "kernels"
 
 
-def ops_table(report: Report, layout: str | None = None) -> Table:
+SUMMARY_OVER = 60
+"""A report of more than this many ops is shown per Keras layer (:func:`layer_table`) unless asked op by op
+(``--ops``): an unrolled GRU is ~1000 ops of a few kinds."""
+
+
+def ops_table(report: Report, layout: str | None = None, full: bool = False) -> Table:
     """The per-op table of ``report`` laid out as ``layout`` (a :data:`TABLES` key: the backend partitioner's
-    ``table``); None or an unknown key: :func:`table_layout`."""
+    ``table``); None or an unknown key: :func:`table_layout`. Over :data:`SUMMARY_OVER` ops and without
+    ``full``: the per-layer summary (:func:`layer_table`) instead."""
+    layout = layout if layout in TABLES else table_layout(report)
+    if len(report.ops) > SUMMARY_OVER and not full:
+        return layer_table(report, layout)
     t = Table(title=f"{report.board}: {len(report.ops)} ops, placement {report.verdict} "
                     f"({report.verdict_source})", title_justify="left")
-    return TABLES[layout if layout in TABLES else table_layout(report)](report, t)
+    return TABLES[layout](report, t)
+
+
+def _where(op: OpPlacement, layout: str) -> str:
+    """Where ``op`` runs as a layer's row counts it: the kernel (cpu reports), the predicted device (Jetson), the
+    placement (accelerator reports)."""
+    if layout == "kernels":
+        return op.kernel or op.placement
+    if layout == "engine":
+        return op.confirmed or op.kernel or "unsupported"
+    return "accel" if op.placement == "accelerator" else op.placement
+
+
+def _counted(values: list[str]) -> str:
+    """``values`` as "A 12, B 3" by count (most first), or the one value alone."""
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _ranges(ix: list[int]) -> str:
+    """Op indexes as ranges: [0, 1, 2, 5] -> "#0-2, #5"."""
+    parts, start = [], None
+    for k, v in enumerate(ix):
+        start = v if start is None else start
+        if k + 1 == len(ix) or ix[k + 1] != v + 1:
+            parts.append(f"#{start}" if start == v else f"#{start}-{v}")
+            start = None
+    return ", ".join(parts)
+
+
+def layer_table(report: Report, layout: str) -> Table:
+    """``report`` per source layer, in the order of each layer's first op: its ops (count, indexes, kinds),
+    where they run (counted per :func:`_where`) and their dtypes; ops without a known layer are one row, "(no
+    layer)". The title says how to get the op-by-op table."""
+    groups: dict[str, list[OpPlacement]] = {}
+    for op in report.ops:
+        groups.setdefault(op.layer or "(no layer)", []).append(op)
+    rows = [[name, str(len(ops)), _ranges([o.index for o in ops]), _counted([o.op for o in ops]),
+             _counted([_where(o, layout) for o in ops]), _counted([o.dtype or "" for o in ops])]
+            for name, ops in groups.items()]
+    t = Table(title=f"{report.board}: {len(report.ops)} ops in {len(groups)} layers, placement {report.verdict} "
+                    f"({report.verdict_source}), per layer (op by op: --ops)", title_justify="left")
+    columns = [("layer", {}), ("ops", {"justify": "right"}), ("op #", {}), ("op kinds", {"ratio": 3}),
+               ("runs on", {"ratio": 2}), ("dtype", {})]
+    return fill_table(t, columns, rows, whole=("layer",), constant=("runs on", "dtype"), what="op")
+
+
+def fill_table(t: Table, columns: list[tuple[str, dict]], rows: list[list[str]], *, whole: tuple = (),
+               constant: tuple = (), what: str = "row") -> Table:
+    """``t`` with ``columns`` (name, ``add_column`` keywords) and ``rows``, laid out to read at 80 columns.
+
+    A column named in ``whole`` (what a user must type or read: board and op names) is never cut or wrapped:
+    it is as wide as its longest line. A column named in ``constant`` that holds one value on every row (of two
+    rows or more) is left out and said once in the table's caption ("every op: dtype float32, placement cpu");
+    one empty on every row is left out. Every other column folds its text rather than cutting it."""
+    keep, said = [], []
+    for k, (name, _) in enumerate(columns):
+        values = {r[k] for r in rows}
+        if name in constant and len(rows) > 1 and len(values) == 1:
+            if values != {""}:
+                said.append(f"{name} {next(iter(values))}")
+            continue
+        keep.append(k)
+    for k in keep:
+        name, kw = columns[k]
+        kw = dict(kw)
+        if name in whole:
+            widest = max((cell_len(line) for r in rows for line in Text.from_markup(r[k]).plain.splitlines()),
+                         default=0)
+            kw.update(no_wrap=True, min_width=max(widest, cell_len(name)))
+        else:
+            kw.setdefault("overflow", "fold")
+        t.add_column(name, **kw)
+    for r in rows:
+        t.add_row(*(r[k] for k in keep))
+    if said:
+        t.caption, t.caption_justify = f"every {what}: {', '.join(said)}", "left"
+    return t
 
 
 def _kernels_table(report: Report, t: Table) -> Table:
-    """Host-CPU reports: per op its dtype, placement and the kernel that runs it, with the reason and fix."""
-    for col, kw in (("#", {"justify": "right"}), ("op", {}), ("layer", {}), ("dtype", {}),
-                    ("placement", {}), ("kernel", {}), ("reason", {})):
-        t.add_column(col, **kw)
+    """Host-CPU reports: per op its dtype, placement and the kernel that runs it, with the reason and fix; a
+    reason given already is "as #N"."""
+    rows, first = [], {}
     for op in report.ops:
         reason = op.reason + (f" — fix: {op.fix}" if op.fix else "")
-        t.add_row(str(op.index), op.op, op.layer or "", op.dtype or "", op.placement, op.kernel or "", reason)
-    return t
+        if reason in first:
+            reason = f"as #{first[reason]}"
+        else:
+            first[reason] = op.index
+        rows.append([str(op.index), op.op, op.layer or "", op.dtype or "", op.placement, op.kernel or "", reason])
+    columns = [("#", {"justify": "right"}), ("op", {}), ("layer", {}), ("dtype", {}), ("placement", {}),
+               ("kernel", {}), ("reason", {"ratio": 1})]
+    return fill_table(t, columns, rows, whole=("op",), constant=("layer", "dtype", "placement", "kernel"),
+                      what="op")
 
 
 def _vendor_table(report: Report, t: Table) -> Table:
     """Accelerator reports: the vendor tool's status per op; a fix is printed once per distinct fix."""
-    for col, kw in (("#", {"justify": "right"}), ("op / layer", {"overflow": "fold"}), ("placement", {}),
-                    ("status", {"ratio": 2}), ("why, fix", {"ratio": 3, "overflow": "fold"})):
-        t.add_column(col, **kw)
+    rows = []
     shown: dict[str, int] = {}
     shown_why: dict[str, int] = {}
     for op in report.ops:
@@ -163,16 +259,17 @@ def _vendor_table(report: Report, t: Table) -> Table:
                 shown[op.fix] = op.index
                 why += f" — fix: {op.fix}"
         name = op.op + (f"\n[dim]{op.layer}[/]" if op.layer else "")
-        t.add_row(str(op.index), name, where, op.status or "", why)
-    return t
+        rows.append([str(op.index), name, where, op.status or "", why])
+    columns = [("#", {"justify": "right"}), ("op / layer", {}), ("placement", {}), ("status", {"ratio": 2}),
+               ("why, fix", {"ratio": 3})]
+    return fill_table(t, columns, rows, whole=("op / layer",), constant=("placement", "status", "why, fix"),
+                      what="op")
 
 
 def _tensorrt_table(report: Report, t: Table) -> Table:
     """Jetson reports: per ONNX node the predicted device, the engine inspector's (once an engine was built),
     and whether the row is confirmed; a disagreement shows the predicted reason next to the engine layer."""
-    for col, kw in (("#", {"justify": "right"}), ("ONNX node", {"overflow": "fold", "ratio": 2}), ("predicted", {}),
-                    ("confirmed", {}), ("status", {}), ("engine layer / why", {"ratio": 3, "overflow": "fold"})):
-        t.add_column(col, **kw)
+    rows = []
     for op in report.ops:
         predicted = op.kernel or "unsupported"
         if op.verdict == "confirmed":
@@ -183,8 +280,10 @@ def _tensorrt_table(report: Report, t: Table) -> Table:
         else:
             seen, status, why = "—", "predicted", op.reason         # strings already printable (print_report)
         name = op.op + (f"\n[dim]{op.layer}[/]" if op.layer else "")
-        t.add_row(str(op.index), name, predicted, seen, status, why)
-    return t
+        rows.append([str(op.index), name, predicted, seen, status, why])
+    columns = [("#", {"justify": "right"}), ("ONNX node", {"ratio": 2}), ("predicted", {}), ("confirmed", {}),
+               ("status", {}), ("engine layer / why", {"ratio": 3})]
+    return fill_table(t, columns, rows, constant=("predicted", "confirmed", "status"), what="node")
 
 
 TABLES = {"kernels": _kernels_table, "vendor": _vendor_table, "engine": _tensorrt_table}
@@ -193,30 +292,62 @@ op), "vendor" (the accelerator tool's status per op), "engine" (predicted vs eng
 
 
 def drift_table(drift: Drift) -> Table:
+    """The quantized model's drift from the float one per output, with the gate's verdict in the title."""
     verdict = "[green]pass[/]" if drift.passed else "[red]FAIL[/]"
     t = Table(title=f"drift: {drift.candidate} vs {drift.reference}, {drift.windows} held-out windows, "
                     f"threshold rel. MAE {drift.threshold_rel_mae:.2%}: {verdict}", title_justify="left")
-    for col in ("output", "MAE", "rel. MAE", "max |err|", "float range", "argmax agree"):
-        t.add_column(col, justify="right" if col != "output" else "left")
-    for o in drift.outputs:
-        t.add_row(o.name, f"{o.mae:.3g}", f"{o.mae_rel:.3%}", f"{o.max_abs:.3g}", f"{o.float_range:.3g}",
-                  "" if o.argmax_agreement is None else f"{o.argmax_agreement:.2%}")
-    return t
+    columns = [(c, {"justify": "right" if c != "output" else "left"})
+               for c in ("output", "MAE", "rel. MAE", "max |err|", "float range", "argmax agree")]
+    rows = [[o.name, f"{o.mae:.3g}", f"{o.mae_rel:.3%}", f"{o.max_abs:.3g}", f"{o.float_range:.3g}",
+             "" if o.argmax_agreement is None else f"{o.argmax_agreement:.2%}"] for o in drift.outputs]
+    return fill_table(t, columns, rows, whole=("output",), constant=("argmax agree",), what="output")
 
 
 def plan_table(plan: dict) -> Table:
-    """The cpu board's measured execution plans (``--quant auto``)."""
+    """The cpu board's measured execution plans (``--quant auto``); the chosen row says by which criterion
+    (``--select``: lowest p50, p99 or p99.9 of the plans that pass the drift gate, or the lowest drift when none
+    does), and the p99.9 column is shown when it was the criterion."""
     on = plan.get("measured_on", {})
+    select = plan.get("select") or "p99"
+    gated = not str(plan.get("why", "")).startswith("no plan passes")
     t = Table(title=f"plan: {plan['chosen']} ({plan['why']}); measured interleaved on CPU {on.get('pinned_cpu')} "
                     f"of {on.get('cpu_model', '?')}, 1 thread", title_justify="left")
-    for col in ("plan", "p50 µs", "p99 µs", "p99/p50", "drift rel. MAE", "argmax agree", "chosen"):
-        t.add_column(col, justify="left" if col == "plan" else "right")
+    pcts = ["p50", "p99"] + (["p99.9"] if select == "p99.9" else [])
+    names = ["plan", *(f"{p} µs" for p in pcts), "p99/p50", "drift rel. MAE", "argmax agree", "chosen"]
+    columns = [(c, {"justify": "left" if c == "plan" else "right"}) for c in names]
+    chosen = f"[green]yes[/]: lowest {select}" if gated else "[yellow]yes[/]: lowest drift"
+    rows = []
     for m in plan["measured"]:
         d, a = m.get("drift_rel_mae"), m.get("argmax_agreement")
-        t.add_row(m["plan"], f"{m['p50_us']:.1f}", f"{m['p99_us']:.1f}", f"{m['p99_over_p50']:.2f}",
-                  "" if d is None else f"{d:.3%}" + ("" if m.get("drift_passed") else " [red]over[/]"),
-                  "" if a is None else f"{a:.2%}", "[green]yes[/]" if m["chosen"] else "")
-    return t
+        figures = [f"{m[f'{p}_us']:.1f}" if m.get(f"{p}_us") is not None else "" for p in pcts]
+        rows.append([m["plan"], *figures, f"{m['p99_over_p50']:.2f}",
+                     "" if d is None else f"{d:.3%}" + ("" if m.get("drift_passed") else " [red]over[/]"),
+                     "" if a is None else f"{a:.2%}", chosen if m["chosen"] else ""])
+    return fill_table(t, columns, rows, whole=("plan",), constant=("argmax agree",), what="plan")
+
+
+def golden_line(g: dict) -> str | None:
+    """The report's line on the golden outputs against LiteRT's reference kernels (None when they were not
+    compared): "identical" when they match, else the largest difference, on how many windows, and whether it is
+    within the golden check's tolerance (``compare`` and ``atol``, as the manifest's ``golden``)."""
+    if "reference_kernels_path" not in g:
+        return None
+    other = ("LiteRT reference kernels + native kernels' portable paths" if "(portable)" in
+             str(g["reference_kernels_path"]) else "LiteRT reference kernels")
+    head = f"golden outputs ({g['reference_path']}) vs {other}"
+    diff, count = float(g["max_diff_vs_reference_kernels"]), g["count"]
+    if diff == 0:
+        return f"{head}: identical on all {count} windows"
+    figures = f"{head}: max diff {diff:g} (raw output units) on {g['windows_differing_from_reference_kernels']} of " \
+              f"{count} windows"
+    compare, atol = g.get("compare"), g.get("atol")
+    if compare == "exact":
+        return f"{figures}: over the golden check's tolerance (exact): the golden vectors match only the kernels " \
+               "that made them"
+    if atol is None:
+        return f"{figures} (no tolerance recorded with them)"
+    within = "within" if diff <= float(atol) else "over"
+    return f"{figures}: {within} the golden check's tolerance (allclose, atol {float(atol):g})"
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -239,12 +370,14 @@ def _printable_tree(value):
     return value
 
 
-def print_report(report: Report, console: Console | None = None, layout: str | None = None) -> None:
+def print_report(report: Report, console: Console | None = None, layout: str | None = None,
+                 full: bool = False) -> None:
     """The report as tables and lines on ``console``; every string in it is printed as text, never as
-    markup or terminal control codes (:func:`printable`). ``layout``: the per-op table's (:func:`ops_table`)."""
+    markup or terminal control codes (:func:`printable`). ``layout`` and ``full``: the per-op table's
+    (:func:`ops_table`; ``full``: op by op however many ops)."""
     console = console or Console()
     report = Report.model_validate(_printable_tree(report.model_dump()))
-    console.print(ops_table(report, layout))
+    console.print(ops_table(report, layout, full))
     counts = ", ".join(f"{k}: {v}" for k, v in report.counts.items())
     console.print(f"ops by {'placement' if any(o.status for o in report.ops) else 'kernel'}: {counts}; "
                   f"{len(report.segments)} segment(s), {report.boundary_copies} boundary copies")
@@ -257,13 +390,9 @@ def print_report(report: Report, console: Console | None = None, layout: str | N
         console.print(plan_table(report.plan))
     if report.drift:
         console.print(drift_table(report.drift))
-    g = report.golden
-    if "reference_kernels_path" in g:
-        other = ("LiteRT reference kernels + native kernels' portable paths" if "(portable)" in
-                 str(g["reference_kernels_path"]) else "LiteRT reference kernels")
-        console.print(f"golden outputs ({g['reference_path']}) vs {other}: max diff "
-                      f"{g['max_diff_vs_reference_kernels']:g} (raw output units) on "
-                      f"{g['windows_differing_from_reference_kernels']} of {g['count']} windows")
+    line = golden_line(report.golden)
+    if line:
+        console.print(line)
     if report.plan:
         console.print(f"reference plan: {report.plan['reference']}")
     for n in report.notes:

@@ -43,9 +43,10 @@ def npz_bytes(arrays: dict) -> bytes:
     return buf.getvalue()
 
 
-def write_tiny_bundle(work: Path, count: int = COUNT) -> Path:
+def write_tiny_bundle(work: Path, count: int = COUNT, report: dict | None = None) -> Path:
     """The tiny bundle at ``work / "b"`` (its model also as ``work / "m.tflite"``), with ``count`` golden
-    vectors from LiteRT (compared allclose, atol 1e-5). Returns the bundle's path."""
+    vectors from LiteRT (compared allclose, atol 1e-5) and ``report`` as its report.json (default: a cpu report
+    without ops). Returns the bundle's path."""
     from edgehft.runtime import cpu
     (work / "m.tflite").write_bytes(tiny_tflite())
     x = np.random.default_rng(3).standard_normal((count, 4)).astype(np.float32)
@@ -63,4 +64,4 @@ def write_tiny_bundle(work: Path, count: int = COUNT) -> Path:
                  golden=Golden(count=count, reference_path=cpu.interpreter_path(), compare="allclose", atol=1e-5))
     files = {"model.tflite": work / "m.tflite",
              "golden.npz": npz_bytes({"inputs/x": x, "outputs/y": np.stack(ys)})}
-    return write_bundle(work / "b", m, files, report={"board": "cpu", "notes": []}).path
+    return write_bundle(work / "b", m, files, report=report or {"board": "cpu", "notes": []}).path

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from edgehft.cli.common import board_options_of, board_opts, err, handles_errors, json_opt, main, out, select_opt
 from edgehft.errors import EdgeHFTError
@@ -31,7 +32,10 @@ from edgehft.errors import EdgeHFTError
 @click.option("--features", default=None, help="Feature pipeline 'file.py:function' (default: the model's sidecar).")
 @click.option("--calib-windows", default=300, show_default=True, help="Windows used for calibration.")
 @click.option("--drift-windows", default=500, show_default=True, help="Held-out windows for the drift check.")
-@click.option("--golden", "golden_count", default=16, show_default=True, help="Golden vectors to store.")
+@click.option("--golden-count", "golden_count", default=16, show_default=True, type=int,
+              metavar="N", help="Golden vectors to store (`edgehft run --golden` checks them).")
+@click.option("--golden", "golden_legacy", default=None, type=int, hidden=True,
+              help="Deprecated spelling of --golden-count N.")
 @click.option("--drift-threshold", default=0.01, show_default=True, help="Gate on relative MAE (0.01 = 1 %).")
 @click.option("--strict", is_flag=True, help="Drift over the threshold is an error (exit 5), not a warning.")
 @click.option("--timeout", "timeout_s", default=1800.0, show_default=True, help="Converter time limit, s.")
@@ -40,6 +44,9 @@ from edgehft.errors import EdgeHFTError
                    "converter as is (diagnosis only).")
 @click.option("--force", is_flag=True,
               help="Replace a bundle already in --out that was compiled for another board or from another model.")
+@click.option("--ops", "full", is_flag=True,
+              help="The op-by-op table however many ops; a report of more than 60 ops shows one row per Keras "
+                   "layer (its ops, where they run, dtype) without it.")
 @board_opts("compile")
 @click.option("--sign", "sign_key", type=click.Path(exists=True, dir_okay=False), default=None, metavar="KEY",
               help="Sign the bundle's manifest with this SSH key (ssh-keygen -Y sign, namespace edgehft-bundle) "
@@ -47,7 +54,8 @@ from edgehft.errors import EdgeHFTError
 @json_opt
 @handles_errors
 def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_windows, drift_windows, golden_count,
-                drift_threshold, strict, timeout_s, lowering, force, sign_key, as_json, **board_values):
+                golden_legacy, drift_threshold, strict, timeout_s, lowering, force, full, sign_key, as_json,
+                **board_values):
     """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
     partition it, and write a bundle.
 
@@ -60,6 +68,7 @@ def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_win
     if not calib and not str(model).endswith(".tflite"):
         raise click.UsageError("Missing option '--calib': calibration ticks (tick windows .npy/.npz, or raw feeds "
                                "with --features) quantize a Keras model; only a quantized .tflite is taken without")
+    golden_count = _golden_count(golden_count, golden_legacy)
     if not force:
         _check_replace(Path(model), board, Path(out_dir))
     if sign_key:
@@ -80,22 +89,49 @@ def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_win
         click.echo(json.dumps({"bundle": str(res.bundle.path), "warnings": res.warnings,
                                "report": res.report.model_dump(), "signature": signature}))
         return
-    print_report(res.report, out)
+    print_report(res.report, out, full=full)
     for w in res.warnings:
         err.print(f"[bold yellow]warning:[/] {w}")
     m = res.bundle.manifest
     calib_text = (f"{m.quantization.calibration_windows} calibration windows "
                   f"(sha256 {m.quantization.calibration_sha256[:12]}…)" if m.quantization.calibration_sha256
                   else "taken as is (no calibration)")
-    extra = f", compiled: {', '.join(m.artifacts.values())}" if m.artifacts else ""
     out.print(f"bundle [bold]{res.bundle.path}[/]: board {m.board}, {m.quantization.mode}, {calib_text}, "
-              f"{m.golden.count if m.golden else '[bold yellow]NO[/]'} golden vectors{extra}")
+              f"{m.golden.count if m.golden else '[bold yellow]NO[/]'} golden vectors; {files_said(m)}")
     if m.plans:
         out.print(f"plans carried: {', '.join(m.plans)} (top level {m.quantization.mode}, this host's lowest {select}; "
                   "`edgehft deploy` times them on the box and records the one it runs)", highlight=False)
     if signature:
         out.print(f"signed: {signature['signature']} ({signature['key']}, namespace {signature['namespace']})",
                   highlight=False, soft_wrap=True)
+
+
+ARTIFACT_ROLES = {"edgetpu_model": "compiled for the Edge TPU: what runs",
+                  "native": "the native kernels' chain over it: what runs",
+                  "int8_ir": "the full-int8 graph, kept for reference: not run by this bundle"}
+"""What each of a manifest's ``artifacts`` roles is, as the compile's last line says it."""
+
+
+def files_said(m) -> str:
+    """The model files of manifest ``m`` as compile's last line says them: the graph (``model_file``, of the
+    bundle's quantization mode) and each artifact with its role (:data:`ARTIFACT_ROLES`), so a float plan's
+    bundle does not read as if it ran ``model_int8.tflite``."""
+    said = [f"model {m.model_file} ({m.quantization.mode})"]
+    said += [f"{rel} ({ARTIFACT_ROLES.get(role, role)})" for role, rel in m.artifacts.items()]
+    return ", ".join(said)
+
+
+def _golden_count(count: int, legacy: int | None) -> int:
+    """The golden vectors to store: ``--golden-count N``, or the deprecated ``--golden N`` (said on stderr: in
+    ``run`` --golden is the flag that checks them). Both, differing: a usage error (exit 2)."""
+    if legacy is None:
+        return count
+    given = click.get_current_context().get_parameter_source("golden_count") is not ParameterSource.DEFAULT
+    if given and count != legacy:
+        raise click.UsageError(f"--golden {legacy} and --golden-count {count} disagree: give --golden-count alone")
+    err.print(f"[bold yellow]warning:[/] compile --golden N is deprecated: use --golden-count {legacy} "
+              "(`run --golden` is the flag that checks the golden vectors)", highlight=False)
+    return legacy
 
 
 def _sign_compiled(bundle_path, key) -> dict:

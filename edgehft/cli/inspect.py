@@ -10,7 +10,7 @@ from rich.table import Table
 from edgehft import backends
 from edgehft.cli.common import board_flags_given, board_options_of, board_opts, handles_errors, json_opt, main, out
 from edgehft.errors import InputError
-from edgehft.report import printable
+from edgehft.report import fill_table, printable
 
 
 def _bundle_report(bundle, report_type):
@@ -48,9 +48,12 @@ def _bundle_report(bundle, report_type):
 @click.option("--plan", "plan", default=None,
               help="With --streaming, for a bundle of several plans: analyse this plan (default: its top level).")
 @click.option("--reasons", is_flag=True, help="With --streaming: a column with each op's reason.")
+@click.option("--ops", "full", is_flag=True,
+              help="The op-by-op table however many ops; a report of more than 60 ops shows one row per Keras "
+                   "layer (its ops, where they run, dtype) without it.")
 @json_opt
 @handles_errors
-def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, plan, reasons, as_json,
+def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, plan, reasons, full, as_json,
                **board_values):
     """Show the op placement report of PATH: a bundle directory, a quantized .tflite (predicted
     partition for --board), a compiled *_edgetpu.tflite (what is inside the edgetpu-custom-op), or an
@@ -62,6 +65,7 @@ def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, 
     \b
     Examples:
       edgehft report build/deeplob.cpu
+      edgehft report build/gru.cpu --ops
       edgehft report model.tflite --board coral-usb -m 13
       edgehft report build/lstm_a.cpu --streaming --plan native"""
     from edgehft.report import print_report
@@ -77,7 +81,7 @@ def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, 
     if engine_records and not p.is_dir():
         raise click.UsageError("--engine-record applies to a Jetson bundle directory")
     if p.is_dir():
-        _show_bundle(p, engine_records, as_json)
+        _show_bundle(p, engine_records, as_json, full)
         return
     suffix = ".onnx" if p.suffix == ".onnx" else ".tflite"       # any other file is read as a TFLite model
     if suffix == ".tflite":
@@ -95,10 +99,10 @@ def report_cmd(path, board, cpu_model, list_tensors, engine_records, streaming, 
     if as_json:
         click.echo(json.dumps({"model": str(p), "report": rep.model_dump()}))
         return
-    print_report(rep, out, part.table or None)
+    print_report(rep, out, part.table or None, full)
 
 
-def _show_bundle(path: Path, engine_records, as_json: bool) -> None:
+def _show_bundle(path: Path, engine_records, as_json: bool, full: bool = False) -> None:
     """``report BUNDLE``: its report.json, with what its backend's partitioner confirmed since (Jetson: the
     engine inspector's placement, once build-engine ran)."""
     from edgehft.bundle import load_bundle
@@ -109,10 +113,13 @@ def _show_bundle(path: Path, engine_records, as_json: bool) -> None:
     if engine_records and not part.takes_engine_records:
         raise click.UsageError(f"--engine-record applies to a Jetson bundle; {b.path} is for {b.manifest.board}")
     rep = part.confirm(b, rep, engine_records)
+    if b.manifest.golden and "reference_kernels_path" in rep.golden:     # a report written before it kept them
+        rep.golden.setdefault("compare", b.manifest.golden.compare)
+        rep.golden.setdefault("atol", b.manifest.golden.atol)
     if as_json:
         click.echo(json.dumps({"manifest": b.manifest.model_dump(), "report": rep.model_dump()}))
         return
-    print_report(rep, out, part.table or None)
+    print_report(rep, out, part.table or None, full)
 
 
 def _streaming_report(path: Path, streaming: bool, plan: str | None, reasons: bool, as_json: bool) -> None:
@@ -223,12 +230,19 @@ def boards_cmd(probe, as_json):
         click.echo(json.dumps({"boards": [b.model_dump() for b in boards], "probe": found} if probe else
                               [b.model_dump() for b in boards]))
         return
-    t = Table(title="boards", title_justify="left")
-    for c in ("name", "backend", "quantization", "p99 budget µs", "description"):
-        t.add_column(c)
-    for b in boards:
-        t.add_row(b.name, b.backend, ", ".join(b.quantization), str(b.latency_budget_us.get("p99", "")),
-                  b.description)
+    t = Table(title="boards (p99 µs: the latency budget at the 99th percentile)", title_justify="left")
+    rows = [[b.name, b.backend, ", ".join(b.quantization), _budget(b.latency_budget_us.get("p99")), b.description]
+            for b in boards]
+    columns = [("name", {}), ("backend", {}), ("quantization", {"max_width": 14}), ("p99 µs", {"justify": "right"}),
+               ("description", {})]
+    fill_table(t, columns, rows, whole=("name", "backend"), what="board")
     out.print(t)
     for line in lines:
         out.print(printable(line), highlight=False)
+
+
+def _budget(us) -> str:
+    """A p99 budget in µs as the board file gives it, without a trailing ``.0``; empty when there is none."""
+    if us is None:
+        return ""
+    return f"{us:g}" if isinstance(us, (int, float)) else str(us)

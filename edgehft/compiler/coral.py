@@ -46,7 +46,9 @@ def golden_notes(golden: dict) -> tuple[list[str], list[str]]:
                  "deploy and the HIL golden check refuse it (exit 6) instead of passing it unchecked"],
                 [f"the bundle has no golden vectors: {why}"])
     if "max_diff_vs_reference_kernels" in golden:
-        paths = f"LiteRT's own kernel paths differ by {golden['max_diff_vs_reference_kernels']:g} LSB here"
+        lsb = golden["max_diff_vs_reference_kernels"]
+        paths = (f"LiteRT's own kernel paths differ by up to {lsb:g} LSB here" if lsb else
+                 "LiteRT's own kernel paths give identical outputs here")
     else:
         paths = f"LiteRT's reference kernels did not run it: {golden.get('reference_kernels_error', '?')}"
     notes = [f"golden outputs come from the int8 graph on {golden['reference_path']}. --emulate reproduces them "

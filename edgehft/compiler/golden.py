@@ -184,7 +184,7 @@ def golden_record(draft: Bundle, board, gold: GoldenRun, inputs, outputs) -> tup
     atol = 0.0 if integer else max(1e-5, 2 * float(ref_diff.get("max_diff_vs_reference_kernels") or 0.0))
     spec = Golden(count=g, reference_path=gold.path, compare="exact" if integer else "allclose", atol=atol)
     section = {"count": g, "reference_path": gold.path, "inputs": gold.source,
-               "inputs_sha256": sha256_arrays(*gold.inputs), **ref_diff}
+               "inputs_sha256": sha256_arrays(*gold.inputs), **ref_diff, "compare": spec.compare, "atol": atol}
     if gold.notes:
         section["notes"] = gold.notes
     return spec, section, {"golden.npz": golden_npz(inputs, outputs, gold.inputs, gold.outputs)}
