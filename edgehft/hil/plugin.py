@@ -9,17 +9,21 @@ seconds under edgehft.serve, with ``--edgehft-soak-swap-every S``), whatever dir
 to the team's own tests. Those can take the session fixtures ``edgehft_runner`` (the runtime opened on the
 target), ``edgehft_bundle``, ``edgehft_board``, ``edgehft_target`` and ``edgehft_settings``. Without ``--edgehft-board`` the plugin adds nothing and the
 fixtures skip. Figures go to the terminal summary and, with ``--edgehft-json FILE``, to a JSON report.
+
+Under pytest-xdist the workers send their results to the
+controller, which writes the JSON report and the summary for all of them (:mod:`edgehft.hil.workers`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from edgehft.errors import EdgeHFTError
-from edgehft.hil import summary
+from edgehft.hil import summary, workers
 from edgehft.hil.options import add_options, settings_from
 from edgehft.hil.target import Settings, make_target
 
@@ -33,8 +37,10 @@ class _State:
         self.target = None
         self.results: dict[str, dict] = {}
         self.described: dict = {}
+        self.timeline = workers.Timeline()        # under xdist, in the controller: when each test ran, where
 
     def get_target(self):
+        """The target (:func:`edgehft.hil.target.make_target`), made on first use; nothing is opened yet."""
         if self.target is None:
             self.target = make_target(self.settings)
         return self.target
@@ -70,7 +76,8 @@ def pytest_configure(config) -> None:
         config.addinivalue_line("markers", f"{name}: {what}")
     s = settings_from(config)
     if s is not None:
-        config.stash[_STATE] = _State(s)
+        state = config.stash[_STATE] = _State(s)
+        config.pluginmanager.register(state.timeline, "edgehft-timeline")   # its pytest_runtest_logreport
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -117,6 +124,7 @@ class EdgehftCheck(pytest.Item):
     def runtest(self) -> None:
         state = self.config.stash[_STATE]
         target, s = state.get_target(), state.settings
+        started = time.time()
         if self.check == "golden":
             res = target.golden()
         elif self.check == "latency":
@@ -126,6 +134,8 @@ class EdgehftCheck(pytest.Item):
         else:
             every = self.config.getoption("edgehft_soak_swap_every")
             res = target.soak(**s.soak_options(), **({} if every is None else {"swap_every_s": every}))
+        if workers.worker_id(self.config) is not None:
+            self._mark_worker(res, started, time.time())
         state.results[self.check] = res
         self.user_properties.append((f"edgehft_{self.check}", summary.headline(res)))
         self.user_properties.extend(summary.numbers(res))          # JUnit XML properties as numbers
@@ -133,6 +143,16 @@ class EdgehftCheck(pytest.Item):
             pytest.skip(summary.headline(res))
         if not res["ok"]:
             raise CheckFailed(summary.headline(res))
+
+    def _mark_worker(self, res: dict, started: float, ended: float) -> None:
+        """Under pytest-xdist: which worker ran the check and when (wall-clock seconds), in ``res["xdist"]``; a
+        timed check gets a ``note`` that other tests may have run beside it, which the controller replaces by
+        the tests that did (:func:`_measure_beside`) or drops."""
+        n = workers.worker_count(self.config)
+        res["xdist"] = {"worker": workers.worker_id(self.config), "workers": n, "started": started, "ended": ended}
+        if n > 1 and self.check in TIMED and not res.get("skipped"):
+            res["xdist"]["note"] = (f"run under pytest-xdist ({n} workers): other tests may have run beside it "
+                                    "(the edgehft summary names them)")
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, CheckFailed):
@@ -163,6 +183,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     made = [EdgehftCheck.from_parent(parent, name=c, check=c) for c in state.settings.checks]
     for item in made:
         item.add_marker("edgehft_board")
+        if workers.xdist_active(config):      # one worker for all checks under --dist loadgroup (and loadfile)
+            item.add_marker(pytest.mark.xdist_group(workers.GROUP))
         if item.check in TIMED:
             item.add_marker("edgehft_latency")
     items[:0] = [i for i in made if i.check != "soak"]
@@ -223,12 +245,46 @@ def edgehft_runner(edgehft_target):
         pytest.fail(f"cannot open the bundle on the board: {exc}", pytrace=False)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist, in the controller: merge what a worker that finished found (its check results, the target
+    it described) into the session's state, for the JSON report and the summary."""
+    state = node.config.stash.get(_STATE, None)
+    got = workers.received(node)
+    if state is None or got is None:
+        return
+    state.results.update(got["checks"])
+    state.described = state.described or got["target"]
+
+
+def _measure_beside(state: _State) -> None:
+    """In the controller: each timed check's ``xdist.beside`` (the tests other workers ran while it was timing)
+    and its ``note`` (dropped when nothing ran beside it)."""
+    for res in state.results.values():
+        x = res.get("xdist")
+        if not x or "note" not in x:
+            continue
+        x["beside"] = state.timeline.beside(x["worker"], x["started"], x["ended"])
+        note = workers.concurrency_note(x["beside"], x["workers"])
+        if note:
+            x["note"] = note
+        else:
+            del x["note"]
+
+
 def pytest_sessionfinish(session) -> None:
+    """Close the target; a worker sends its results to the controller, which (or the only process, without
+    xdist) writes the ``--edgehft-json`` report: every check's result dict, in the order of the checks."""
     state = session.config.stash.get(_STATE, None)
     if state is None:
         return
     state.close()
     s = state.settings
+    state.results = {c: state.results[c] for c in s.checks if c in state.results}
+    if workers.worker_id(session.config) is not None:
+        workers.send(session.config, {"checks": state.results, "target": state.described})
+        return
+    _measure_beside(state)
     if s.json_path:
         out = {"board": s.board, "bundle": str(s.bundle) if s.bundle else None, "host": s.host,
                "emulated": s.emulate, "target": state.described, "checks": state.results,
@@ -238,17 +294,23 @@ def pytest_sessionfinish(session) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
+    """The edgehft section: the table of check results (and the soak's intervals), the note on timed checks run beside other xdist workers, the JSON report's path."""
     state = config.stash.get(_STATE, None)
     if state is None or not state.results:
         return
     s, tr = state.settings, terminalreporter
     tr.section("edgehft hardware-in-the-loop")
-    name = Path(str(s.bundle or s.remote_bundle or "active bundle")).name
-    title = (f"{name} on {s.board}" + (" — EMULATED" if s.emulate else "") + (f" at {s.host}" if s.host else "")
-             + ("" if not state.described.get("interpreter") else f" ({state.described['interpreter']})"))
-    markup, width = tr.hasmarkup, tr._tw.fullwidth
-    tr.write(summary.summary_table(state.results, title, markup, width))
-    if "soak" in state.results:
-        tr.write(summary.soak_table(state.results["soak"], markup, width))
+    if state.results:
+        name = Path(str(s.bundle or s.remote_bundle or "active bundle")).name
+        title = (f"{name} on {s.board}" + (" — EMULATED" if s.emulate else "") + (f" at {s.host}" if s.host else "")
+                 + ("" if not state.described.get("interpreter") else f" ({state.described['interpreter']})"))
+        markup, width = tr.hasmarkup, tr._tw.fullwidth
+        tr.write(summary.summary_table(state.results, title, markup, width))
+        if "soak" in state.results:
+            tr.write(summary.soak_table(state.results["soak"], markup, width))
+    beside = sorted(c for c, r in state.results.items() if (r.get("xdist") or {}).get("note"))
+    if beside:
+        tr.write_line(f"NOTE: {' and '.join(beside)} {'were' if len(beside) > 1 else 'was'} timed while other tests ran "
+                      f"on other pytest-xdist workers (see the figures); {workers.ADVICE}", yellow=True)
     if s.json_path:
         tr.write_line(f"JSON report: {s.json_path}")
