@@ -10,7 +10,9 @@ to the team's own tests. Those can take the session fixtures ``edgehft_runner`` 
 target), ``edgehft_bundle``, ``edgehft_board``, ``edgehft_target`` and ``edgehft_settings``. Without ``--edgehft-board`` the plugin adds nothing and the
 fixtures skip. Figures go to the terminal summary and, with ``--edgehft-json FILE``, to a JSON report.
 
-Under pytest-xdist the workers send their results to the
+A board that is unavailable here (its library or device missing) is found once, by the first test that needs it:
+that test and every other one that needs the board (the checks, ``edgehft_target``, ``edgehft_runner``) skip with
+one reason, and the summary says why and how to fix it. Under pytest-xdist the workers send their results to the
 controller, which writes the JSON report and the summary for all of them (:mod:`edgehft.hil.workers`).
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from edgehft.errors import EdgeHFTError
+from edgehft.errors import BoardUnavailableError, EdgeHFTError, MissingExtraError
 from edgehft.hil import summary, workers
 from edgehft.hil.options import add_options, settings_from
 from edgehft.hil.target import Settings, make_target
@@ -37,12 +39,37 @@ class _State:
         self.target = None
         self.results: dict[str, dict] = {}
         self.described: dict = {}
+        self.unavailable: dict | None = None     # {"error", "message", "hint"}: the board, found unavailable
+        self.unavailable_skips = 0                # tests skipped for it
+        self.opened = False
         self.timeline = workers.Timeline()        # under xdist, in the controller: when each test ran, where
 
     def get_target(self):
         """The target (:func:`edgehft.hil.target.make_target`), made on first use; nothing is opened yet."""
         if self.target is None:
             self.target = make_target(self.settings)
+        return self.target
+
+    def probe(self) -> bool:
+        """Open the board (a local target's runtime; a remote one is reached by each check), the first time only;
+        False when it is unavailable (:class:`BoardUnavailableError`, :class:`MissingExtraError`: kept in
+        :attr:`unavailable`, the hint in the plugin's words). Other errors are raised, to the test that asked."""
+        if not self.opened and self.unavailable is None:
+            try:
+                target = self.get_target()
+                if getattr(target, "kind", None) == "local":
+                    target.runner                    # opens the bundle on the board
+                self.opened = True
+            except (BoardUnavailableError, MissingExtraError) as exc:
+                message = exc.args[0] if exc.args else str(exc)
+                self.unavailable = {"error": type(exc).__name__, "message": message, "hint": _pytest_hint(exc.hint)}
+        return self.unavailable is None
+
+    def open(self):
+        """The target with its board opened; skips (one reason, :func:`unavailable_reason`) when it is
+        unavailable."""
+        if not self.probe():
+            pytest.skip(unavailable_reason(self.settings, self.unavailable))
         return self.target
 
     def close(self) -> None:
@@ -71,6 +98,21 @@ MARKERS = {
 TIMED = ("latency", "streaming", "soak")
 
 
+def _pytest_hint(hint: str | None) -> str | None:
+    """A runtime's hint in the plugin's words (``--emulate`` is ``--edgehft-emulate`` here)."""
+    return hint.replace("--emulate", "--edgehft-emulate") if hint else hint
+
+
+def unavailable_reason(s: Settings, u: dict) -> str:
+    """The one skip reason of every test that needs a board found unavailable: what is missing and how to fix
+    it, on one line (the full hint is in the edgehft section of the terminal summary)."""
+    first = u["message"].splitlines()[0]
+    fix = "run where the board is attached with its runtime installed (the hint is in the edgehft summary)"
+    if not s.emulate and "--edgehft-emulate" in (u["hint"] or ""):
+        fix += ", or add --edgehft-emulate to run its emulation (results say EMULATED)"
+    return f"edgehft: board {s.board} is unavailable on this machine: {first}; fix: {fix}"
+
+
 def pytest_configure(config) -> None:
     for name, what in MARKERS.items():           # registered in every session (--strict-markers suites use them)
         config.addinivalue_line("markers", f"{name}: {what}")
@@ -78,6 +120,28 @@ def pytest_configure(config) -> None:
     if s is not None:
         state = config.stash[_STATE] = _State(s)
         config.pluginmanager.register(state.timeline, "edgehft-timeline")   # its pytest_runtest_logreport
+
+
+NEEDS_BOARD = ("edgehft_target", "edgehft_runner")       # fixtures that open the board
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    """Before a test that needs the board (a built-in check, or one taking ``edgehft_target`` /
+    ``edgehft_runner``): open it, once per session; where it is unavailable, skip the test here, with the
+    same reason from the same place for every such test, so pytest's ``-rs`` folds them into one line. Any other
+    error opening it is left to the test, which meets it again and reports it in its own words."""
+    state = item.config.stash.get(_STATE, None)
+    if state is None or not (isinstance(item, EdgehftCheck)
+                             or any(f in NEEDS_BOARD for f in getattr(item, "fixturenames", ()))):
+        return
+    try:
+        available = state.probe()
+    except EdgeHFTError:
+        return
+    if not available:
+        state.unavailable_skips += 1
+        pytest.skip(unavailable_reason(state.settings, state.unavailable))
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -123,7 +187,7 @@ class EdgehftCheck(pytest.Item):
 
     def runtest(self) -> None:
         state = self.config.stash[_STATE]
-        target, s = state.get_target(), state.settings
+        target, s = state.open(), state.settings
         started = time.time()
         if self.check == "golden":
             res = target.golden()
@@ -226,9 +290,10 @@ def edgehft_bundle(request):
 def edgehft_target(request):
     """The target the checks run on: a :class:`edgehft.hil.target.LocalTarget` (or, with
     ``--edgehft-host``, a remote one): ``golden()``, ``latency(...)``, ``streaming(...)``, ``soak(...)`` return
-    result dicts."""
+    result dicts. A local target's board is opened here; where it is unavailable the test skips (one reason for
+    the whole session)."""
     try:
-        return _state_or_skip(request.config).get_target()
+        return _state_or_skip(request.config).open()
     except EdgeHFTError as exc:
         pytest.fail(f"cannot open the edgehft target: {exc}", pytrace=False)
 
@@ -248,13 +313,16 @@ def edgehft_runner(edgehft_target):
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     """pytest-xdist, in the controller: merge what a worker that finished found (its check results, the target
-    it described) into the session's state, for the JSON report and the summary."""
+    it described, a board it found unavailable) into the session's state, for the JSON report and the summary."""
     state = node.config.stash.get(_STATE, None)
     got = workers.received(node)
     if state is None or got is None:
         return
     state.results.update(got["checks"])
     state.described = state.described or got["target"]
+    if got["unavailable"] is not None:
+        state.unavailable = state.unavailable or got["unavailable"]
+        state.unavailable_skips += got["unavailable_skips"]
 
 
 def _measure_beside(state: _State) -> None:
@@ -282,24 +350,40 @@ def pytest_sessionfinish(session) -> None:
     s = state.settings
     state.results = {c: state.results[c] for c in s.checks if c in state.results}
     if workers.worker_id(session.config) is not None:
-        workers.send(session.config, {"checks": state.results, "target": state.described})
+        workers.send(session.config, {"checks": state.results, "target": state.described,
+                                      "unavailable": state.unavailable, "unavailable_skips": state.unavailable_skips})
         return
     _measure_beside(state)
     if s.json_path:
         out = {"board": s.board, "bundle": str(s.bundle) if s.bundle else None, "host": s.host,
                "emulated": s.emulate, "target": state.described, "checks": state.results,
+               "unavailable": state.unavailable,
                "settings": {**{k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(s).items()},
                             "soak_swap_every_s": session.config.getoption("edgehft_soak_swap_every")}}
         Path(s.json_path).write_text(json.dumps(out, indent=1) + "\n")
 
 
+def _write_unavailable(tr, state: _State) -> None:
+    u, s = state.unavailable, state.settings
+    n = state.unavailable_skips
+    tr.write_line(f"board {s.board} UNAVAILABLE on this machine: {n} test{'s' if n != 1 else ''} that need it "
+                  "skipped (the built-in checks, and tests taking edgehft_target or edgehft_runner)",
+                  red=True, bold=True)
+    tr.write_line(f"  {u['error']}: {u['message']}")
+    if u["hint"]:
+        tr.write_line(f"  hint: {u['hint']}")
+
+
 def pytest_terminal_summary(terminalreporter, config) -> None:
-    """The edgehft section: the table of check results (and the soak's intervals), the note on timed checks run beside other xdist workers, the JSON report's path."""
+    """The edgehft section: the table of check results (and the soak's intervals), the board found unavailable
+    with the fix, the note on timed checks run beside other xdist workers, the JSON report's path."""
     state = config.stash.get(_STATE, None)
-    if state is None or not state.results:
+    if state is None or not (state.results or state.unavailable):
         return
     s, tr = state.settings, terminalreporter
     tr.section("edgehft hardware-in-the-loop")
+    if state.unavailable:
+        _write_unavailable(tr, state)
     if state.results:
         name = Path(str(s.bundle or s.remote_bundle or "active bundle")).name
         title = (f"{name} on {s.board}" + (" — EMULATED" if s.emulate else "") + (f" at {s.host}" if s.host else "")

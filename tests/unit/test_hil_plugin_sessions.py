@@ -1,15 +1,17 @@
 """The HIL pytest plugin across a whole session, as a team runs it (a fresh ``python -m pytest``, the plugin from
 its ``pytest11`` entry point): under pytest-xdist (``-n 2``) the ``--edgehft-json`` report and the summary have
-every check from every worker, and timed checks say what other workers ran beside them.
+every check from every worker, and timed checks say when other tests may have run beside them; a board that is
+unavailable here (coral-usb without an Edge TPU) skips every test that needs it with one reason, said once.
 
-The bundle is Coral's Keras LSTM test model (a .tflite, so no TensorFlow converter: a second to compile), for
-the cpu board."""
+The bundles are Coral's Keras LSTM test model (a .tflite, so no TensorFlow converter: a second to compile),
+for the cpu board and for coral-usb."""
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from conftest import SHARED
+from conftest import ROOT, SHARED
 from edgehft.compiler.pipeline import CompileOptions, compile_model
 
 pytest_plugins = ["pytester"]
@@ -34,10 +36,20 @@ TEAM_TESTS = """
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory) -> dict[str, Path]:
-    """``cpu``: the LSTM for the cpu board."""
+    """``cpu``: the LSTM for the cpu board; ``coral-usb``: for coral-usb without the Edge TPU compiler (no
+    compiled model in it); ``coral-usb-compiled``: with the compiler's recorded output (needs libedgetpu and a
+    TPU to open)."""
     out = tmp_path_factory.mktemp("hil_bundles")
-    compile_model(LSTM, [], out / "lstm.cpu", CompileOptions(board="cpu"))
-    return {"cpu": out / "lstm.cpu"}
+    bin_dir = out / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "edgetpu_compiler").symlink_to(ROOT / "tests" / "tools" / "replay_edgetpu_compiler.py")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", "/usr/bin:/bin")
+        compile_model(LSTM, [], out / "lstm.cpu", CompileOptions(board="cpu"))
+        compile_model(LSTM, [], out / "lstm.coral-usb", CompileOptions(board="coral-usb"))
+        mp.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
+        compile_model(LSTM, [], out / "lstm.tpu", CompileOptions(board="coral-usb"))
+    return {"cpu": out / "lstm.cpu", "coral-usb": out / "lstm.coral-usb", "coral-usb-compiled": out / "lstm.tpu"}
 
 
 @pytest.fixture
@@ -81,7 +93,7 @@ def test_xdist_report_and_summary_have_every_check(hil, pytester, bundles, tmp_p
                                if len(lat["beside"]) == 1 else lat.get("note"))
     assert ("note" in lat) == bool(lat["beside"])
     assert "note" not in b["checks"]["golden"]["xdist"] and "note" not in b["checks"]["streaming"]["xdist"]
-    assert b["target"]["interpreter"] == a["target"]["interpreter"]
+    assert b["target"]["interpreter"] == a["target"]["interpreter"] and b["unavailable"] is None
     text = r.stdout.str()
     assert text.count("edgehft hardware-in-the-loop") == 1
     r.stdout.fnmatch_lines(["*golden*passed*16/16 golden vectors bit-exact*", "*latency*passed*p99 * µs ≤ budget*",
@@ -147,3 +159,52 @@ def test_xdist_timed_check_names_the_tests_beside_it(hil, pytester, bundles, tmp
     checks = json.loads(out.read_text())["checks"]
     assert checks["golden"]["xdist"]["worker"] == checks["latency"]["xdist"]["worker"]
     assert not any(b.startswith("test_") for b in checks["latency"]["xdist"]["beside"])
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "n2"])
+@pytest.mark.parametrize("which", ["coral-usb", "coral-usb-compiled"])
+def test_unavailable_board_skips_with_one_reason(hil, pytester, bundles, tmp_path, which, xdist):
+    """coral-usb without an Edge TPU and without --edgehft-emulate: the board is opened once (per process); the
+    two checks and the two team tests that need it skip with one reason, folded by -rs into one line; the
+    summary says it once with the fix; tests that do not need the board run; no failure, no error, exit 0."""
+    if xdist:
+        _xdist()
+    if which == "coral-usb-compiled":
+        from edgehft.errors import BoardUnavailableError
+        from edgehft.runtime import coral_device
+        try:
+            coral_device.list_devices(coral_device.load_library())
+            pytest.skip("libedgetpu is installed here: with an Edge TPU attached the board is available")
+        except BoardUnavailableError:
+            pass
+    pytester.makepyfile(test_team=TEAM_TESTS)
+    out = tmp_path / "hil.json"
+    r = hil("--edgehft-board=coral-usb", f"--edgehft-bundle={bundles[which]}", "-rs", f"--edgehft-json={out}",
+            *(["-n", "2"] if xdist else []))
+    r.assert_outcomes(passed=2, skipped=4)
+    assert r.ret == 0
+    text = r.stdout.str()
+    skips = [line for line in text.splitlines() if line.startswith("SKIPPED")]
+    assert len(skips) == 1, skips
+    assert skips[0].startswith("SKIPPED [4] ")
+    assert "edgehft: board coral-usb is unavailable on this machine: " in skips[0]
+    assert skips[0].endswith("fix: run where the board is attached with its runtime installed (the hint is in the "
+                             "edgehft summary), or add --edgehft-emulate to run its emulation (results say EMULATED)")
+    assert "Traceback" not in text and "FAILED" not in text and "ERROR" not in text
+    r.stdout.fnmatch_lines(["board coral-usb UNAVAILABLE on this machine: 4 tests that need it skipped (the built-in "
+                            "checks, and tests taking edgehft_target or edgehft_runner)",
+                            "  BoardUnavailableError: *", "  hint: *--edgehft-emulate*"])
+    assert text.count("UNAVAILABLE") == 1 and text.count("BoardUnavailableError") == 1
+    rep = json.loads(out.read_text())
+    assert rep["checks"] == {} and rep["unavailable"]["error"] == "BoardUnavailableError"
+    assert "--edgehft-emulate" in rep["unavailable"]["hint"]
+
+
+def test_emulate_opens_the_same_board(hil, pytester, bundles):
+    """The fix the skip names: --edgehft-emulate runs the checks and the team tests on coral-usb's emulation."""
+    pytester.makepyfile(test_team=TEAM_TESTS)
+    r = hil("--edgehft-board=coral-usb", f"--edgehft-bundle={bundles['coral-usb']}", "--edgehft-emulate",
+            "--edgehft-samples=50", "--edgehft-warmup=5", "-rs")
+    r.assert_outcomes(passed=5, skipped=1)                 # latency: reported, not judged on an emulation
+    r.stdout.fnmatch_lines(["*golden*passed*EMULATED board; 16/16 golden vectors bit-exact*"])
+    assert "UNAVAILABLE" not in r.stdout.str()
