@@ -49,7 +49,13 @@ def timing(result: dict, unit: str = "calls") -> str:
 
 
 def headline(result: dict) -> str:
-    """One line of figures for a check result (pass or fail)."""
+    """One line of figures for a check result (pass or fail); a timed check run under pytest-xdist beside other
+    tests ends with the note that says so (``result["xdist"]["note"]``, put there by the plugin)."""
+    note = (result.get("xdist") or {}).get("note")
+    return _figures(result) + (f"; {note}" if note else "")
+
+
+def _figures(result: dict) -> str:
     kind = result["check"]
     if kind == "golden":
         what = golden_compare(result)
