@@ -197,8 +197,33 @@ UNFUSABLE_RNN_FIX = {
 }
 
 
-def check_recurrent_layers(model) -> None:
-    """Refuse, before conversion, recurrent layers that would lower to a TFLite WHILE loop.
+# What an unrolled GRU does on each board family (issue 19), from edgehft's own placement predictions of
+# tests/make_models.py's k3_gru_unrolled (20 steps, 297 TFLite ops): the fix the refusal names for that board.
+GRU_ON_BOARD = {
+    "cpu": "unroll=True works on cpu (LiteRT runs the unrolled steps, ~15 ops each); an LSTM runs on edgehft's "
+           "native LSTM kernel instead, faster at the same size",
+    "coral": "on Coral use LSTM: an unrolled GRU's UNPACK / SPLIT_V are outside the Edge TPU op set, so 294 of its "
+             "297 ops fall back to the host (predicted), while UNIDIRECTIONAL_SEQUENCE_LSTM maps",
+    "pynq": "on PYNQ use LSTM: the overlay runs dense and LSTM kernels, so an unrolled GRU leaves its gates on the "
+            "ARM cores (293 of 297 ops, predicted), while an LSTM runs in the fabric's lstm_int8 kernel",
+    "jetson": "unroll=True works on Jetson (TensorRT takes the unrolled graph: every node on the GPU, predicted)",
+}
+
+
+def recurrent_hint(cls: str, backend: str | None = None) -> str:
+    """The fix a refusal of recurrent layer class ``cls`` names (:data:`UNFUSABLE_RNN_FIX`), for a GRU with what
+    works on the compile's board family ``backend`` (``cpu``, ``coral``, ``pynq``, ``jetson``; None: every family,
+    :data:`GRU_ON_BOARD`)."""
+    base = UNFUSABLE_RNN_FIX.get(cls, "unroll the loop")
+    if cls != "GRU":
+        return base
+    said = [GRU_ON_BOARD[backend]] if backend in GRU_ON_BOARD else list(GRU_ON_BOARD.values())
+    return f"{base}. " + "; ".join(said)
+
+
+def check_recurrent_layers(model, backend: str | None = None) -> None:
+    """Refuse, before conversion, recurrent layers that would lower to a TFLite WHILE loop; the hint says what
+    works on the board family ``backend`` (:func:`recurrent_hint`).
 
     Raises:
         LoweringError: naming the layer and what to change.
@@ -209,4 +234,4 @@ def check_recurrent_layers(model) -> None:
             cls = type(cand).__name__ if cand is not None else ""
             if cls in UNFUSABLE_RNN_FIX and not getattr(cand, "unroll", False):
                 raise LoweringError(f"layer {layer.name!r} ({cls}) cannot be lowered to a fused TFLite op: "
-                                    "it would become a WHILE loop", hint=UNFUSABLE_RNN_FIX[cls])
+                                    "it would become a WHILE loop", hint=recurrent_hint(cls, backend))

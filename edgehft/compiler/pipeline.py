@@ -29,7 +29,8 @@ from edgehft.report import Report
 from edgehft.windows import load_windows, parse_pipeline, sidecar_pipeline
 
 _RECURRENT_FIX = {"LSTM": "build the model with keras.Input of a static shape; avoid stateful=True / masking",
-                  "GRU": "use LSTM, or pass unroll=True to the layer", "SimpleRNN": "pass unroll=True"}
+                  "GRU": "use LSTM, or pass unroll=True to the layer (what works on each board: "
+                         "edgehft.compiler.lowering.GRU_ON_BOARD)", "SimpleRNN": "pass unroll=True"}
 
 
 @dataclass
@@ -185,7 +186,7 @@ def _convert(model: Path, x: np.ndarray, board, stage, quant: str, opts: Compile
     cal, held = x[order[:n_cal]], x[order[n_cal:n_cal + opts.drift_windows]]
     np.savez(work / "calib.npz", x=cal)
     np.savez(work / "eval.npz", x=held)
-    req = {"model": str(model.resolve()), "quant": quant, "lowering": opts.lowering,
+    req = {"model": str(model.resolve()), "quant": quant, "lowering": opts.lowering, "backend": board.backend,
            "calib_npz": str(work / "calib.npz"), "eval_npz": str(work / "eval.npz")}
     if quant == "auto" or quant.startswith("native"):  # int8 is model.tflite; others model_<plan>.tflite
         from edgehft.compiler.plans import CANDIDATES

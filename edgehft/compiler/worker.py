@@ -63,14 +63,14 @@ def _load(req: dict, out: Path, calib: np.ndarray):
         model = low.load_tf_keras(path)
         _check_calib_shape(model, calib)
         if req.get("lowering") != "native":
-            low.check_recurrent_layers(model)
+            low.check_recurrent_layers(model, req.get("backend"))
         return model, model, flavour, "tf-keras (as saved)", [(l.name, type(l).__name__) for l in model.layers]
     k3 = low.load_keras3(path)
     layers = [(l.name, type(l).__name__) for l in k3.layers]
     _check_calib_shape(k3, calib)
     if req.get("lowering") == "native":                 # as is: no rebuild, no checks (diagnosis)
         return k3, k3, flavour, "keras3 native (no rebuild)", layers
-    low.check_recurrent_layers(k3)
+    low.check_recurrent_layers(k3, req.get("backend"))
     _stage(out, "rebuild Keras 3 model in tf-keras")
     tfk = low.keras3_to_tf_keras(k3)
     diff = low.check_rebuild(k3, tfk, calib[:8])

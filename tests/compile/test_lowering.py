@@ -44,7 +44,22 @@ def test_gru_is_refused_with_the_layer_named(models, tmp_path):
     with pytest.raises(LoweringError, match=r"'gru' \(GRU\) cannot be lowered.*WHILE") as exc:
         _compile(models, "k3_gru.keras", tmp_path)
     assert "unroll=True" in exc.value.hint
+    assert "unroll=True works on cpu" in exc.value.hint and "Coral" not in exc.value.hint   # the cpu board's line
     assert not (tmp_path / "k3_gru_keras").exists()
+
+
+def test_the_gru_hint_says_what_works_on_each_board(models, tmp_path):
+    """Issue 19: a GRU refused for Coral says to use LSTM there (an unrolled GRU's UNPACK / SPLIT_V do not map;
+    the numbers are edgehft's own prediction for tests/make_models.py's k3_gru_unrolled); without a board the
+    hint names every family."""
+    from edgehft.compiler.lowering import GRU_ON_BOARD, recurrent_hint
+    with pytest.raises(LoweringError, match=r"'gru' \(GRU\) cannot be lowered") as exc:
+        compile_model(models / "k3_gru.keras", [models / "calib.npy"], tmp_path / "gru.coral",
+                      CompileOptions(board="coral-usb", calib_windows=48, drift_windows=48))
+    assert "on Coral use LSTM" in exc.value.hint and "294 of its 297 ops" in exc.value.hint
+    every = recurrent_hint("GRU")
+    assert all(line in every for line in GRU_ON_BOARD.values()) and recurrent_hint("SimpleRNN", "cpu") == \
+        "pass unroll=True to the layer (static sequence length)"
 
 
 def test_raw_keras_op_is_refused(models, tmp_path):
