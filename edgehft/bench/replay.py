@@ -62,6 +62,7 @@ class ReplayResult:
     first_call_ns: int | None = None  # the very first call's latency (the first after the runner opened), ns
     warmup_s: float | None = None    # warm-up by time: the seconds asked
     duration_s: float | None = None  # timed calls by time: the seconds asked
+    tick_ns: np.ndarray | None = None  # per timed call, the feed's time of the tick whose window it predicts (ns)
 
     def summary(self) -> dict:
         return {"mode": self.mode, "samples": int(len(self.latency_ns)), "warmup": self.warmup,
@@ -114,18 +115,22 @@ def export_target(path) -> None:
 
 
 def export_latencies(res, path) -> str:
-    """Every timed call of ``res`` (:class:`ReplayResult`) to ``path``: CSV with a header ``call,latency_ns`` (and
+    """Every timed call of ``res`` (:class:`ReplayResult`) to ``path``: CSV with a header ``call,latency_ns`` (then
+    ``tick_ns``: the feed's time of the tick whose window the call predicts, when the ticks have times; and
     ``start_delay_ns``: the call's start behind its recorded tick time, ``--replay recorded``), or JSON ``{"unit":
-    "ns", "latency_ns": [...], "start_delay_ns": [...] | null, "mode", "warmup"}``. Returns the path written."""
+    "ns", "latency_ns": [...], "tick_ns": [...] | null, "start_delay_ns": [...] | null, "mode", "warmup"}``.
+    Returns the path written."""
     lat = np.asarray(res.latency_ns, dtype=np.int64)
     delay = None if res.start_delay_ns is None else np.asarray(res.start_delay_ns, dtype=np.int64)
+    tick = getattr(res, "tick_ns", None)
     p = Path(path)
     if p.suffix.lower() == ".json":
         p.write_text(json.dumps({"unit": "ns", "mode": res.mode, "warmup": res.warmup, "latency_ns": lat.tolist(),
+                                 "tick_ns": None if tick is None else tick.tolist(),
                                  "start_delay_ns": None if delay is None else delay.tolist()}))
     else:
-        cols = [np.arange(len(lat)), lat] + ([] if delay is None else [delay])
-        header = "call,latency_ns" + ("" if delay is None else ",start_delay_ns")
+        cols = [np.arange(len(lat)), lat] + ([] if tick is None else [tick]) + ([] if delay is None else [delay])
+        header = "call,latency_ns" + ("" if tick is None else ",tick_ns") + ("" if delay is None else ",start_delay_ns")
         np.savetxt(p, np.stack(cols, axis=1), fmt="%d", delimiter=",", header=header, comments="")
     return str(p)
 
@@ -166,8 +171,9 @@ def replay(predict, windows: np.ndarray, t_ns: np.ndarray | None = None, mode: s
     pace = _Pace(mode, gaps, n, burst_size, burst_gap_us)
     warm_calls = None if warmup_s is not None else warmup
     lat, delay, w = _timed_calls(predict, windows, pace, (warm_calls, warmup_s), (timed, duration_s), max_samples)
+    ticks = None if t_ns is None else np.asarray(t_ns, np.int64)[(w + np.arange(len(lat) - w)) % n]
     return ReplayResult(mode, lat[w:], delay[w:] if delay is not None else None, w, capped,
-                        int(lat[0]) if len(lat) else None, warmup_s, duration_s)
+                        int(lat[0]) if len(lat) else None, warmup_s, duration_s, ticks)
 
 
 @dataclass

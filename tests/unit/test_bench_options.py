@@ -176,3 +176,22 @@ def test_bench_export_profile_usage_errors_exit_2(tiny, tmp_path, monkeypatch, a
     res, _ = _bench(tiny, *args)
     assert res.exit_code == 2 and says in " ".join(res.output.split()), res.output
     assert not (tmp_path / "p.json").exists()
+
+
+def test_export_times_has_each_calls_tick_time(tmp_path):
+    """--export-times (issue 19): every timed call's latency and the feed's time of the tick whose window it
+    predicts (the calls cycle over the windows after the warm-up: call j predicts window (warmup + j) % n)."""
+    from edgehft.bench.replay import export_latencies, replay
+    windows = np.zeros((5, 2), np.float32)
+    t_ns = np.array([10, 20, 30, 40, 50], np.int64) + 1_700_000_000_000_000_000
+    res = replay(lambda x: x, windows, t_ns, mode="max", warmup=3, samples=7)
+    assert res.tick_ns.tolist() == [t_ns[(3 + j) % 5] for j in range(7)]
+    csv = tmp_path / "t.csv"
+    export_latencies(res, csv)
+    rows = np.loadtxt(csv, delimiter=",", skiprows=1, dtype=np.int64)
+    assert csv.read_text().splitlines()[0] == "call,latency_ns,tick_ns"
+    assert rows[:, 0].tolist() == list(range(7)) and rows[:, 2].tolist() == res.tick_ns.tolist()
+    js = tmp_path / "t.json"
+    export_latencies(res, js)
+    assert json.loads(js.read_text())["tick_ns"] == res.tick_ns.tolist()
+    assert replay(lambda x: x, windows, None, warmup=0, samples=2).tick_ns is None      # no tick times: none
