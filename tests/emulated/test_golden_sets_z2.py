@@ -92,3 +92,17 @@ def test_a_tampered_z2_set_is_caught_by_the_hash_check(z2_bundle, tmp_path):
     (bad / SET).write_bytes(bytes(data))
     rc, (err,) = _run_golden(BOARD_Z2_PY, bad)
     assert rc == 6 and f"{SET} changed" in err["error"], err
+
+
+def test_the_hil_plugin_on_the_z2_stack_checks_its_set(z2_bundle, tmp_path):
+    """The HIL plugin in .venv-board-z2 (its own entry point) on the emulated Z2: golden vectors pass bit for bit
+    against the Z2 release's set."""
+    out = tmp_path / "hil.json"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "400"}
+    r = subprocess.run([str(BOARD_Z2_PY), "-m", "pytest", "-p", "no:cacheprovider", "-rs", "--edgehft-board=pynq-z2",
+                        f"--edgehft-bundle={z2_bundle}", "--edgehft-emulate", "--edgehft-samples=20",
+                        "--edgehft-warmup=2", f"--edgehft-json={out}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0 and "1 passed, 1 skipped" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    golden = json.loads(out.read_text())["checks"]["golden"]
+    assert (golden["ok"], golden["matched"], golden["path"], golden["expected_path"]) == (True, 16, TFLRT, TFLRT)
