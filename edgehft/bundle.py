@@ -9,7 +9,8 @@ holds it to, each refusal a :class:`~edgehft.errors.BundleError` (exit 6) with a
 
 - the manifest is a JSON object of at most :data:`MAX_MANIFEST_BYTES`, UTF-8, a supported
   ``format_version`` (an integer, 1 up to :data:`FORMAT_VERSION`);
-- every path it names (``files`` keys, ``model_file``, ``golden.file``, ``features.file``, ``artifacts``)
+- every path it names (``files`` keys, ``model_file``, ``golden.file`` and each ``golden.sets`` file,
+  ``features.file``, ``artifacts``)
   is a plain relative path inside the bundle (no ``..``, no absolute path, no empty or ``.`` part), and
   every one of them is listed in ``files`` with a SHA-256; so are ``report.json`` where present and every
   file a ``native.json`` or ``steps.json`` plan names (:data:`PLAN_FILE_KEYS`);
@@ -151,11 +152,26 @@ class Quantization(BaseModel):
     drift_windows: int = 0
 
 
+class GoldenSet(BaseModel):
+    """The golden outputs another TFLite interpreter release computes for the same golden inputs (issue 18: a
+    PYNQ-Z2 runs tflite-runtime 2.14.0, whose int8 kernels give other results than the compile host's
+    ai-edge-litert): ``outputs/<name>`` arrays in ``file`` (npz, raw dtypes, the inputs are the default set's),
+    made by ``reference_path`` (``"tflite-runtime 2.14.0 BUILTIN+XNNPACK"``, what a runner of that release
+    reports) in the side Python that ``made_by`` describes (Python version, machine, edgehft version, whether
+    the accelerator was emulated). A box whose runner reports ``reference_path`` is checked against this set."""
+
+    file: str
+    reference_path: str
+    made_by: str = ""
+
+
 class Golden(BaseModel):
     """Golden vectors: ``inputs/<name>`` and ``outputs/<name>`` arrays in ``file`` (npz), raw dtypes.
 
     ``reference_path`` names the interpreter path that produced the outputs; ``compare`` is ``exact``
-    for integer outputs and ``allclose`` (with ``atol``) for float ones.
+    for integer outputs and ``allclose`` (with ``atol``) for float ones. ``sets``: the outputs other
+    interpreter releases compute for the same inputs (:class:`GoldenSet`, one per release; written only when
+    there are any, and an edgehft that does not know them checks every box against ``file``'s outputs).
     """
 
     file: str = "golden.npz"
@@ -163,6 +179,7 @@ class Golden(BaseModel):
     reference_path: str
     compare: Literal["exact", "allclose"]
     atol: float = 0.0
+    sets: list[GoldenSet] = Field(default_factory=list)
 
 
 class Features(BaseModel):
@@ -321,6 +338,7 @@ def _named_paths(m: Manifest) -> list[tuple[str, str]]:
     named = [("model_file", m.model_file)]
     if m.golden is not None:
         named.append(("golden.file", m.golden.file))
+        named += [(f"golden.sets[{k}].file", gs.file) for k, gs in enumerate(m.golden.sets)]
     if m.features is not None and m.features.file:        # "" is a module reference, no file
         named.append(("features.file", m.features.file))
     named += [(f"artifacts.{role}", rel) for role, rel in sorted(m.artifacts.items())]
@@ -399,13 +417,18 @@ def _golden_problems(m: Manifest) -> list[str]:
         problems.append(f"golden count {g.count}: a bundle carries at least one golden vector (0 checks nothing)")
     if not (math.isfinite(g.atol) and g.atol >= 0):
         problems.append(f"golden atol {g.atol!r} is not a finite number >= 0")
+    paths = [g.reference_path] + [gs.reference_path for gs in g.sets]
+    files = [g.file] + [gs.file for gs in g.sets]
+    if len(set(paths)) != len(paths) or len(set(files)) != len(files):
+        problems.append("golden sets: two sets name the same interpreter path or file (which one a box is "
+                        "checked against would be ambiguous)")
     if problems:
         return problems
     try:
         per_vector = sum(math.prod(s.shape[1:]) * np.dtype(s.dtype).itemsize for s in m.inputs + m.outputs)
     except TypeError:
         return []                             # a dtype problem, named by _io_problems
-    if g.count * per_vector > MAX_GOLDEN_BYTES:
+    if g.count * per_vector * (1 + len(g.sets)) > MAX_GOLDEN_BYTES:
         problems.append(f"golden count {g.count} makes {g.count * per_vector:,} B of golden vectors, more than "
                         f"{MAX_GOLDEN_BYTES:,} B")
     return problems
@@ -563,17 +586,33 @@ class Bundle:
                           hint=f"`edgehft report {self.path}` shows the partition and why; deploy a bundle that "
                                "has golden vectors, or check this model's outputs on the box another way")
 
-    def golden(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """``(inputs, outputs)`` golden arrays by tensor name, each ``(count, *spec.shape[1:])`` in the spec's
-        dtype, finite.
+    def golden_set(self, path: str | None) -> GoldenSet | None:
+        """The golden set (:class:`GoldenSet`) made by the interpreter path ``path`` (e.g. ``"tflite-runtime
+        2.14.0 BUILTIN+XNNPACK"``, what a runner's ``describe()`` reports), or None: the default set (``golden.file``,
+        made by ``golden.reference_path``) is the one to check against. Nothing is read.
 
         Raises:
-            BundleError: no golden vectors; golden.npz unreadable (truncated, damaged, not an .npz, pickled
-                objects), an input or output without its array, an array of the wrong shape or dtype, NaN or
-                inf values, or an ``atol`` above :data:`ATOL_FLOOR` and :data:`ATOL_REL` x max|output|.
+            BundleError: the bundle has no golden vectors (:meth:`require_golden`).
+        """
+        g = self.require_golden()
+        return next((gs for gs in g.sets if path and gs.reference_path == path), None)
+
+    def golden(self, path: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``(inputs, outputs)`` golden arrays by tensor name, each ``(count, *spec.shape[1:])`` in the spec's
+        dtype, finite. ``path``: the interpreter path that will be checked; where the bundle carries a set made
+        by it (:meth:`golden_set`), the outputs are that set's, else the default set's.
+
+        Raises:
+            BundleError: no golden vectors; golden.npz (or the set's file) unreadable (truncated, damaged, not an
+                .npz, pickled objects), an input or output without its array, an array of the wrong shape or
+                dtype, NaN or inf values, or an ``atol`` above :data:`ATOL_FLOOR` and :data:`ATOL_REL` x
+                max|output|.
         """
         g = self.require_golden()
         ins, outs = _read_golden(self.path, self.resolve(g.file), self.manifest)
+        chosen = self.golden_set(path)
+        if chosen is not None:
+            _, outs = _read_golden(self.path, self.resolve(chosen.file), self.manifest, chosen.file, ("outputs",))
         _check_golden_values(self.path, self.manifest, ins, outs)
         return ins, outs
 
@@ -711,11 +750,13 @@ def _npy_header(z, key: str) -> tuple[tuple, np.dtype, int]:
         return tuple(shape), dtype, info.file_size - fh.tell()
 
 
-def _read_golden(where, path: Path, m: Manifest) -> tuple[dict, dict]:
-    """The golden arrays of ``m``'s inputs and outputs from ``path``, each checked from its header
-    (dtype, shape, size) before its data is read."""
+def _read_golden(where, path: Path, m: Manifest, rel: str | None = None,
+                 parts: tuple = ("inputs", "outputs")) -> tuple[dict, dict]:
+    """The golden arrays of ``m``'s inputs and outputs (``parts``: only those) from ``path`` (the bundle's
+    ``rel``, default ``golden.file``), each checked from its header (dtype, shape, size) before its data is
+    read."""
     g = m.golden
-    rel = g.file
+    rel = rel or g.file
     try:
         z = np.load(path, allow_pickle=False)
     except _NPZ_ERRORS as exc:
@@ -733,7 +774,7 @@ def _read_golden(where, path: Path, m: Manifest) -> tuple[dict, dict]:
     try:
         with z:
             for prefix, specs, into in (("inputs", m.inputs, ins), ("outputs", m.outputs, outs)):
-                for s in specs:
+                for s in (specs if prefix in parts else []):
                     key = f"{prefix}/{s.name}"
                     if key not in z.files:
                         raise _err(where, f"{rel} has no array {key} (the manifest's {prefix[:-1]} {s.name!r})")
@@ -826,8 +867,11 @@ def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
 
 def manifest_json(manifest: Manifest) -> str:
     """``manifest.json``'s text: the manifest as JSON, without ``plans`` when it has none (a bundle of one
-    plan reads as it did before plans existed)."""
-    return manifest.model_dump_json(indent=1, exclude=None if manifest.plans else {"plans"}) + "\n"
+    plan reads as it did before plans existed) and without ``golden.sets`` when there are none."""
+    exclude: dict = {} if manifest.plans else {"plans": True}
+    if manifest.golden is not None and not manifest.golden.sets:
+        exclude["golden"] = {"sets": True}
+    return manifest.model_dump_json(indent=1, exclude=exclude or None) + "\n"
 
 
 def plan_files(name: str, manifest: Manifest, files: dict[str, bytes | Path]) -> dict[str, bytes | Path]:

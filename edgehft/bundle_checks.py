@@ -13,6 +13,7 @@ import numpy as np
 
 from edgehft.errors import BundleError, GoldenMismatchError, InputError
 
+GOLDEN_PYTHON_OPTION = "edgehft compile --golden-python"   # how a bundle gets another release's golden outputs
 RUN_FEATURES_HINT = ("pass --run-features to run it (only for a bundle you trust: it is Python code; `edgehft "
                      "sign` and an allowed_signers file say who made a bundle), or pass windows as .npy/.npz")
 
@@ -33,29 +34,36 @@ def releases_hint(path: str, expected_path: str) -> str | None:
     if not other_interpreter(path, expected_path):
         return None
     here, made = (" ".join(p.split(" ", 2)[:2]) for p in (path, expected_path))
-    return (f"this runs {here}, the golden vectors were made with {made}: another release's int8 kernels round "
+    return (f"this runs {here}, the golden vectors were made with {made}: another release's int8 kernels compute "
             "differently (DeepLOB int8 measured up to 11 LSB apart, tflite-runtime 2.14.0 against ai-edge-litert "
-            f"2.3.0); install {made.replace(' ', '==')} here where it exists for this platform, or compile where "
-            "the interpreter is this release")
+            f"2.3.0: the former's XNNPACK takes no int8 op); install {made.replace(' ', '==')} here where it exists "
+            f"for this platform, or compile with `{GOLDEN_PYTHON_OPTION} PY`, PY a Python with "
+            f"{here.replace(' ', '==')} and edgehft's box side (e.g. a board venv: `python -m "
+            "edgehft.emulate.board_venv`), so the bundle carries this release's golden outputs too")
 
 
 def check_golden(runner) -> dict:
     """Run the bundle's golden inputs through ``runner`` (raw dtypes, one window per call) and compare
     with the golden outputs as the manifest says: ``exact`` (every element equal, int8 backends) or
-    ``allclose`` (max |difference| ≤ ``atol``, float backends). Another TFLite interpreter release than the
-    one that made the vectors (:func:`other_interpreter`) is not forgiven: its int8 kernels may round
-    differently, and the bundle then does not compute on this box what it was compiled to compute
-    (:func:`golden_mismatch` says which releases and what to do).
+    ``allclose`` (max |difference| ≤ ``atol``, float backends). The outputs compared with are the set made by
+    the interpreter path this runner reports (:meth:`~edgehft.bundle.Bundle.golden_set`, a bundle compiled with
+    ``--golden-python``), else the default set. Another TFLite interpreter release than the one that made the
+    vectors (:func:`other_interpreter`) is not forgiven: its int8 kernels may compute differently, and the
+    bundle then does not compute on this box what it was compiled to compute (:func:`golden_mismatch` says
+    which releases and what to do).
 
     Returns:
-        ``{"count", "matched", "ok", "compare", "max_diff", "atol", "path", "expected_path"}`` — ``max_diff``
-        in the outputs' raw units (LSB for int8; inf where an output or a golden value is NaN), ``path`` the
-        interpreter path that ran here.
+        ``{"count", "matched", "ok", "compare", "max_diff", "atol", "path", "expected_path", "golden_file"}`` —
+        ``max_diff`` in the outputs' raw units (LSB for int8; inf where an output or a golden value is NaN),
+        ``path`` the interpreter path that ran here, ``expected_path`` the one that made the outputs compared
+        with, ``golden_file`` the file they came from.
     Raises:
         BundleError: the bundle has no golden vectors.
     """
-    g = runner.bundle.manifest.golden
-    ins, outs = runner.bundle.golden()
+    g = runner.bundle.require_golden()
+    path = runner.describe().get("interpreter", runner.board)
+    chosen = runner.bundle.golden_set(path)
+    ins, outs = runner.bundle.golden(path)
     in_names = [s.name for s in runner.bundle.manifest.inputs]
     out_names = [s.name for s in runner.bundle.manifest.outputs]
     matched, worst = 0, 0.0
@@ -68,9 +76,10 @@ def check_golden(runner) -> dict:
         d = float("inf") if any(x != x for x in diffs) else max(diffs)
         worst = max(worst, d)
         matched += int(d == 0.0 if g.compare == "exact" else d <= g.atol)
-    path = runner.describe().get("interpreter", runner.board)
     return {"count": g.count, "matched": matched, "ok": matched == g.count, "compare": g.compare,
-            "max_diff": worst, "atol": g.atol, "path": path, "expected_path": g.reference_path}
+            "max_diff": worst, "atol": g.atol, "path": path,
+            "expected_path": chosen.reference_path if chosen else g.reference_path,
+            "golden_file": chosen.file if chosen else g.file}
 
 
 def golden_compare(result: dict) -> str:

@@ -26,6 +26,7 @@ DEEPLOB = ROOT / "examples" / "deeplob"
 FEED_DAY1 = DEEPLOB / "data" / "btcusd_perp_20240808_depth.gz"
 FEED_DAY2 = DEEPLOB / "data" / "btcusd_perp_20240809_depth.gz"
 BOARD_PY = ROOT / ".venv-board" / "bin" / "python"
+BOARD_Z2_PY = ROOT / ".venv-board-z2" / "bin" / "python"     # the PYNQ-Z2's stack: Python 3.10, tflite-runtime
 EDGETPU_PAIRS = SHARED / "edgetpu_pairs" / "google-coral__test_data"
 YAMNET = SHARED / "edgetpu_pairs" / "google-coral__coralmicro" / "yamnet_spectra_in_edgetpu.tflite"
 
@@ -62,6 +63,7 @@ def _tensorrt() -> str | None:
 NEEDS = {
     "g++": lambda: None if shutil.which("g++") else "no g++: the C++ kernels are built here (apt-get install g++)",
     "board-venv": lambda: None if BOARD_PY.exists() else ".venv-board missing: run scripts/board-venv.sh",
+    "board-venv-z2": lambda: None if BOARD_Z2_PY.exists() else ".venv-board-z2 missing: run scripts/board-venv.sh z2",
     "edgetpu-pairs": lambda: None if EDGETPU_PAIRS.is_dir() else "../shared/data/edgetpu_pairs not present",
     "yamnet-pair": lambda: None if YAMNET.is_file() else "coralmicro yamnet pair not present",
     "tensorrt": _tensorrt,

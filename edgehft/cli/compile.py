@@ -51,11 +51,16 @@ from edgehft.errors import EdgeHFTError
 @click.option("--sign", "sign_key", type=click.Path(exists=True, dir_okay=False), default=None, metavar="KEY",
               help="Sign the bundle's manifest with this SSH key (ssh-keygen -Y sign, namespace edgehft-bundle) "
                    "into manifest.json.sig; boxes with an allowed_signers file take only signed bundles.")
+@click.option("--golden-python", "golden_python", default=None, metavar="PY", envvar="EDGEHFT_GOLDEN_PYTHON",
+              help="Also make the golden outputs of the TFLite interpreter release in this Python (a board venv, "
+                   "edgehft's box side installed; the accelerator emulated): a box running that release is checked "
+                   "against them. Default: the checkout's board venv where the board's [stack] names another "
+                   "interpreter than this host's (PYNQ-Z2: .venv-board-z2); 'none': only this host's.")
 @json_opt
 @handles_errors
 def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_windows, drift_windows, golden_count,
-                golden_legacy, drift_threshold, strict, timeout_s, lowering, force, full, sign_key, as_json,
-                **board_values):
+                golden_legacy, drift_threshold, strict, timeout_s, lowering, force, full, sign_key, golden_python,
+                as_json, **board_values):
     """Quantize MODEL (.keras, .h5 or SavedModel dir; or take a quantized .tflite as is) for a board,
     partition it, and write a bundle.
 
@@ -77,7 +82,7 @@ def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_win
     opts = CompileOptions(board=board, quant=quant, features=features, calib_windows=calib_windows,
                           drift_windows=drift_windows, golden_count=golden_count,
                           drift_threshold=drift_threshold, strict=strict, timeout_s=timeout_s, lowering=lowering,
-                          board_options=board_options_of(board_values), select=select)
+                          board_options=board_options_of(board_values), select=select, golden_python=golden_python)
     if as_json:
         res = compile_model(model, list(calib), out_dir, opts)
     else:

@@ -48,6 +48,9 @@ class CompileOptions:
     seed: int = 0
     select: str = "p99"                      # auto: the percentile the plans are chosen by (p50 | p99 | p99.9)
     candidates: tuple[str, ...] | None = None  # auto: only these plans are measured (None: every plan that applies)
+    # a Python whose TFLite interpreter release makes a second golden set (edgehft.compiler.golden_sets): None
+    # for $EDGEHFT_GOLDEN_PYTHON, else the board venv where the board's [stack] names another interpreter; "none"
+    golden_python: str | None = None
     # options only one board kind takes, as its backend's BoardOptions.collect makes them (edgehft.board_options),
     # e.g. Coral's {"edgetpu": EdgeTPUFlags(...), "edgetpu_model": Path}
     board_options: dict = field(default_factory=dict)
@@ -304,8 +307,22 @@ def _build_bundle(stage, ctx: StageInput, r: dict, quant: str, plan_section, pip
         report.notes.append(f"the bundle carries {len(manifest.plans)} plans ({', '.join(manifest.plans)}): the top "
                             f"level is this host's choice by {ctx.opts.select}; `edgehft deploy` times them on the "
                             "box and records the one it runs; `edgehft run/bench --plan NAME` runs one by name")
+    _golden_sets(ctx, manifest, files, report, warnings)
     ctx.say("write bundle")
     return write_bundle(out, manifest, files, report=report.model_dump()), report
+
+
+def _golden_sets(ctx: StageInput, manifest: Manifest, files: dict, report, warnings: list) -> None:
+    """The golden set of the board's interpreter release (:mod:`edgehft.compiler.golden_sets`), where a side
+    Python is asked for or the board's stack calls for one (else the warning that says how)."""
+    from edgehft.compiler.golden_sets import add_golden_set, golden_python
+    if manifest.golden is None:
+        return
+    python, warning = golden_python(ctx.board, ctx.opts.golden_python)
+    if warning:
+        warnings.append(warning)
+    if python:
+        add_golden_set(python, manifest, files, report, ctx.work, ctx.say)
 
 
 def _plan_entry(r: dict, where: str | None) -> PlanEntry:

@@ -54,6 +54,8 @@ STACKS = {
     "z2": PynqStack(pynq="3.1.2", interpreter="tflite-runtime>=2.13", module="tflite_runtime", python="3.10",
                     extra=["pycparser<3"]),
 }
+# Where scripts/board-venv.sh makes each stack's venv, in a checkout (edgehft compile's default --golden-python).
+CHECKOUT_VENVS = {"zu": ".venv-board", "z2": ".venv-board-z2"}
 # The interpreter packages and numpy: the stack chooses them (numpy < 2 under pynq), not edgehft's markers.
 _STACK_CHOSEN = re.compile(r"(ai-edge-litert|tflite-runtime|numpy)\b", re.I)
 
@@ -63,6 +65,29 @@ def checkout_root() -> Optional[Path]:
     wheel)."""
     root = Path(edgehft.__file__).resolve().parents[1]
     return root if (root / "pyproject.toml").is_file() and (root / "edgehft").is_dir() else None
+
+
+def stack_for(board) -> Optional[str]:
+    """The name of the PYNQ stack (:data:`STACKS`) whose interpreter package and Python the board file's
+    ``[stack]`` names (``pynq-z2`` -> ``"z2"``), or None (not a PYNQ board, or no stack here fits it)."""
+    from packaging.specifiers import SpecifierSet
+    if getattr(board, "backend", None) != "pynq":
+        return None
+    for name, st in STACKS.items():
+        package = re.split(r"[<>=!~ ]", st.interpreter, maxsplit=1)[0]
+        python_ok = st.python is None or not board.stack.python or \
+            SpecifierSet(board.stack.python).contains(st.python + ".0")
+        if package in board.stack.interpreter and python_ok:
+            return name
+    return None
+
+
+def checkout_venv_python(stack_name: str) -> Optional[Path]:
+    """The Python of the ``stack_name`` venv that scripts/board-venv.sh makes in the checkout edgehft runs from
+    (:data:`CHECKOUT_VENVS`), or None: not a checkout, or the venv is not there."""
+    root = checkout_root()
+    py = root / CHECKOUT_VENVS[stack_name] / "bin" / "python" if root and stack_name in CHECKOUT_VENVS else None
+    return py if py is not None and py.exists() else None
 
 
 def edgehft_requirement(spec: Optional[str] = None) -> List[str]:
