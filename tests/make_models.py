@@ -27,8 +27,6 @@ def k3_seq(rnn_cls, name):
 
 k3_seq(keras.layers.LSTM, "lstm").save(out / "k3_lstm.keras")
 k3_seq(keras.layers.GRU, "gru").save(out / "k3_gru.keras")
-k3_seq(lambda units, name: keras.layers.GRU(units, unroll=True, name=name), "gru").save(
-    out / "k3_gru_unrolled.keras")                  # ~300 ops: 20 steps unrolled (issue 19's report)
 seq = keras.Sequential([keras.Input((20, 8), name="x"), keras.layers.LSTM(12, name="lstm"),
                         keras.layers.Dense(3, activation="softmax", name="probs")])
 seq.save(out / "k3_seq_lstm.keras")
@@ -98,3 +96,9 @@ class ConstConcat(tf.Module):
 
 _m = ConstConcat()
 tf.saved_model.save(_m, str(out / "constcat_savedmodel"), signatures={"serving_default": _m.__call__})
+
+# Last, so the models above keep the weights the seed gave them before it was added (their drift figures are
+# asserted): ~300 ops, 20 steps unrolled (issue 19's report).
+keras.utils.set_random_seed(2)
+k3_seq(lambda units, name: keras.layers.GRU(units, unroll=True, name=name), "gru").save(
+    out / "k3_gru_unrolled.keras")

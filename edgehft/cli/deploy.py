@@ -13,7 +13,8 @@ from edgehft.cli.common import err, handles_errors, json_opt, main, out, select_
 from edgehft.compat import removeprefix
 from edgehft.report import printable
 
-ssh_config_opt = click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), default=None,
+ssh_config_opt = click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False, resolve_path=True),
+                              default=None,
                               help="OpenSSH config file (ssh -F); default: your ~/.ssh/config.")
 python_opt = click.option("--remote-python", default=None,
                           help="Python on the box that has edgehft installed (default: the board file's "
@@ -43,9 +44,14 @@ def _target(host, board_name, python, install_dir, ssh_config):
 def _inventory_targets(hosts_file, limit, board, python, install_dir, ssh_config) -> list:
     """``(entry, SshTarget)`` for every host of the inventory (``limit`` applied); an entry's own board,
     python and install dir win over the options."""
+    from edgehft.deploy.fanout import target_json
     from edgehft.deploy.inventory import read_inventory
-    return [(e, _target(e["host"], e.get("board", board), e.get("python", python), e.get("install_dir", install_dir),
-                        ssh_config)) for e in read_inventory(hosts_file, limit)]
+    from edgehft.deploy.ssh import check_target_fields
+    pairs = [(e, _target(e["host"], e.get("board", board), e.get("python", python), e.get("install_dir", install_dir),
+                         ssh_config)) for e in read_inventory(hosts_file, limit)]
+    for e, t in pairs:           # the rule a rollout's state file is held to, before anything is deployed
+        check_target_fields(target_json(t), f"inventory {hosts_file} (host {e.get('name', e['host'])!r})")
+    return pairs
 
 
 def _bundle_board(bundle) -> str:

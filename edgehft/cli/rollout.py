@@ -49,7 +49,13 @@ def waved(canary, wave, max_fail, state_path) -> bool:
 
 
 def start_rollout(bundle, pairs, default_board, canary, wave, max_fail, state_path):
-    """A new :class:`~edgehft.deploy.rollout.Rollout` over the inventory's ``(entry, target)`` pairs."""
+    """A new :class:`~edgehft.deploy.rollout.Rollout` over the inventory's ``(entry, target)`` pairs. Raises
+    InputError when ``state_path`` exists (a new rollout never overwrites another's state)."""
+    if state_path and Path(state_path).exists():
+        from edgehft.errors import InputError
+        raise InputError(f"--rollout-state {printable(str(state_path))} exists: it may hold another rollout's state "
+                         "(the versions its boxes go back to)",
+                         hint=f"continue that rollout with --resume {printable(str(state_path))}, or name a new file")
     from edgehft.bundle import MANIFEST, sha256_file
     from edgehft.deploy import rollout
     from edgehft.deploy.fanout import target_json
@@ -235,23 +241,24 @@ def print_rollout(r, dry_run: bool = False) -> None:
         style = {"ok": "green", "failed": "red", "rolled back": "yellow"}.get(b.status, "dim")
         said = outcome(r, b, dry_run)
         if b.status == "failed":
-            said = f"failed at {b.step or '?'}, exit {b.exit_code}"
+            said = f"failed at {printable(str(b.step or '?'))}, exit {b.exit_code}"
         t.add_row(f"{b.wave}{' canary' if r.canary and b.wave == 1 else ''}", printable(b.name),
-                  f"[{style}]{said}[/]", b.version_before or "", b.version or "")
+                  f"[{style}]{said}[/]", printable(b.version_before or ""), printable(b.version or ""))
     out.print(t)
     c = r.counts()
     line = (f"{c['ok']} done, {c['failed']} failed, {c['pending']} "
             f"{'pending' if dry_run else 'not reached (they keep their version)'}")
     if c["rolled back"]:
         line += f", {c['rolled back']} rolled back"
-    out.print(line + (f"; stopped: {r.stop_reason}" if r.stop_reason else ""), highlight=False)
+    out.print(line + (f"; stopped: {printable(r.stop_reason)}" if r.stop_reason else ""), highlight=False)
     if dry_run or not r.path:
         return
     if r.status in ("stopped", "running", "complete") and c["ok"] < len(r.boxes):
-        out.print(f"state: {r.path}\n  resume:    edgehft deploy {r.bundle} --resume {r.path}\n"
-                  f"  roll back: edgehft rollback --rollout {r.path}", highlight=False)
+        out.print(printable(f"state: {r.path}") + "\n" + printable(
+            f"  resume:    edgehft deploy {r.bundle} --resume {r.path}") + "\n" + printable(
+            f"  roll back: edgehft rollback --rollout {r.path}"), highlight=False)
     else:
-        out.print(f"state: {r.path}", highlight=False)
+        out.print(printable(f"state: {r.path}"), highlight=False)
 
 
 def run_rollback(state_path, engine_name, parallel: int, as_json: bool, ssh_config=None) -> None:

@@ -37,7 +37,8 @@ ANSIBLE_VARS = {"board": "edgehft_board", "python": "edgehft_python", "install_d
 # Ansible's settings for reading an inventory here: only the INI and YAML parsers (never the script plugin,
 # which runs an executable inventory), a file neither parses is an error (not "no hosts" after warnings), and
 # the errors below say what Ansible's warnings would (a --limit that matches nothing, no localhost). They are
-# set in this process's environment (where not set already) before ansible-core is first imported.
+# set in this process's environment (over any value there) before ansible-core is first imported, with
+# ANSIBLE_CONFIG naming an empty file: an ansible.cfg in the working directory (vars_plugins, ...) is not read.
 ANSIBLE_CONFIG = {"ANSIBLE_INVENTORY_ENABLED": "ini,yaml", "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
                   "ANSIBLE_HOST_PATTERN_MISMATCH": "ignore", "ANSIBLE_LOCALHOST_WARNING": "False"}
 
@@ -54,10 +55,7 @@ def read_inventory(path: str | Path, limit: str | None = None) -> list[dict]:
         MissingExtraError: an Ansible inventory without ansible-core installed.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read the inventory {path}: {exc.strerror}") from None
+    text = read_small_text(path, "the inventory")
     if path.suffix != ".toml" and (path.suffix in ANSIBLE_SUFFIXES or re.search(r"^\s*\[[^\]]+\]\s*$", text, re.M)):
         return _read_ansible(path, limit)
     entries = _read_edgehft(path, text)
@@ -68,6 +66,34 @@ def read_inventory(path: str | Path, limit: str | None = None) -> list[dict]:
             raise InputError(f"--limit {limit!r} matches no host of the inventory {path}",
                              hint="name hosts as the inventory writes them (groups need an Ansible inventory)")
     return entries
+
+
+MAX_FILE_BYTES = 4 << 20          # an inventory or a rollout state: far more than any fleet's
+
+
+def read_small_text(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of ``path``, a regular file of at most ``limit`` bytes (opened without blocking: a FIFO
+    or a device is refused, never read).
+
+    Raises:
+        InputError: missing, not a regular file, larger than ``limit``, or not UTF-8."""
+    import os
+    import stat
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{what} {path} is not a regular file", hint="give the file itself")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(f"{what} {path} is more than {limit:,} B", hint="is this the right file?")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} {path} is not UTF-8 text (byte {exc.start})") from None
 
 
 def _read_edgehft(path: Path, text: str) -> list[dict]:
@@ -105,8 +131,9 @@ def _read_ansible(path: Path, limit: str | None) -> list[dict]:
     import os
     from edgehft.compat import require_extra
     require_extra("ansible", "fleet", f"the Ansible inventory {path}")
-    for key, value in ANSIBLE_CONFIG.items():        # read when ansible.constants is first imported
-        os.environ.setdefault(key, value)
+    for key, value in ANSIBLE_CONFIG.items():        # read when ansible.constants is first imported: forced, so
+        os.environ[key] = value                       # no setting of the caller's enables the script plugin
+    os.environ["ANSIBLE_CONFIG"] = _empty_ansible_cfg()   # and no ansible.cfg of the working directory is read
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
@@ -132,6 +159,18 @@ def _read_ansible(path: Path, limit: str | None) -> list[dict]:
                                                                            if limit is not None else ""),
                          hint=f"its groups: {', '.join(groups) or 'none'}")
     return entries
+
+
+def _empty_ansible_cfg() -> str:
+    """An empty ``.cfg`` file of this process's (removed at exit) for ANSIBLE_CONFIG: Ansible then reads no
+    ansible.cfg of the working directory or the home directory (whose vars_plugins would load code)."""
+    import atexit
+    import os
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix="edgehft-ansible-", suffix=".cfg")
+    os.close(fd)
+    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+    return path
 
 
 def _ansible_entry(name: str, v: dict, groups) -> dict:

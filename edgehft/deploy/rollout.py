@@ -214,9 +214,12 @@ def load(path: str | Path) -> Rollout:
     Raises:
         InputError: unreadable, not a rollout state, from another edgehft state version, or a field out of rule."""
     hint = "the file `edgehft deploy --hosts ... --wave/--canary/--max-fail` wrote"
+    from edgehft.deploy.inventory import read_small_text
     try:
-        d = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+        d = json.loads(read_small_text(Path(path), "the rollout state"))
+    except RecursionError:
+        raise InputError(f"{path} is not a rollout state file: nested too deeply", hint=hint) from None
+    except ValueError as exc:
         raise InputError(f"{path} is not a rollout state file: {exc}", hint=hint) from None
     if isinstance(d, dict) and d.get("state_version") != STATE_VERSION:
         old = d.get("state_version") == 1

@@ -134,12 +134,24 @@ def check_target_fields(d: dict, where: str) -> dict:
             not (isinstance(k, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)) or not isinstance(v, str)
             or re.search(r"[\x00-\x1f]", v) for k, v in d["extra_env"].items()):
         bad = f"extra_env {d['extra_env']!r} is not variable names with plain values"
+    elif set(d["extra_env"]) - board_env_names():
+        bad = (f"extra_env sets {sorted(set(d['extra_env']) - board_env_names())}, which no board file's [ssh] env "
+               "sets (a target's environment comes from its board file only: PYTHONPATH or LD_PRELOAD from a file "
+               "would run code on the box)")
     elif type(d["idle_timeout"]) not in (int, float) or not 0 < d["idle_timeout"] < 86400:
         bad = f"idle_timeout {d['idle_timeout']!r} is not a number of seconds in (0, 86400)"
     if bad:
         raise InputError(f"{where}: a box's target: {bad}",
-                         hint="the file edgehft wrote; a box's target is checked like --host and an inventory's")
+                         hint="an absolute install dir and an interpreter path without spaces; a rollout state is "
+                              "the file edgehft wrote, checked as the inventory was")
     return d
+
+
+def board_env_names() -> set:
+    """The environment variable names board files' ``[ssh] env`` tables set (every board edgehft knows, plug-ins'
+    too): the only names a target read from a file (a rollout state, a fan-out job) may carry."""
+    from edgehft.boards import list_boards
+    return {str(k) for b in list_boards() for k in (b.ssh.get("env") or {})}
 
 
 def idle_timeout_default() -> float:

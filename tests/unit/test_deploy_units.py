@@ -289,3 +289,52 @@ def test_limit_on_edgehft_inventories(tmp_path):
     with pytest.raises(InputError, match="matches no host") as exc:
         read_inventory(toml, "ny4")
     assert "Ansible inventory" in exc.value.hint
+
+
+def test_reading_an_inventory_runs_no_ansible_plugin_or_script(tmp_path):
+    """An executable inventory is never run, even with the caller's ANSIBLE_INVENTORY_ENABLED naming the script
+    plugin, and an ansible.cfg in the working directory (vars_plugins) is not read: edgehft forces its own settings
+    (a fresh process: Ansible reads them when first imported)."""
+    import subprocess
+    import sys
+    pytest.importorskip("ansible", reason="ansible-core: pip install 'edgehft[fleet]'")
+    (tmp_path / "vp").mkdir()
+    (tmp_path / "vp" / "evil.py").write_text(f"open({str(tmp_path / 'PWNED_vars')!r}, 'w').close()\n"
+                                             "from ansible.plugins.vars import BaseVarsPlugin\n"
+                                             "class VarsModule(BaseVarsPlugin):\n"
+                                             "    def get_vars(self, loader, path, entities, cache=True):\n"
+                                             "        return {}\n")
+    (tmp_path / "ansible.cfg").write_text("[defaults]\nvars_plugins = ./vp\nvars_plugins_enabled = evil,host_group_vars\n")
+    script = tmp_path / "exec.ini"
+    script.write_text(f"#!/bin/sh\ntouch {tmp_path / 'PWNED_script'}\necho '{{\"all\": {{\"hosts\": [\"b1\"]}}}}'\n")
+    script.chmod(0o755)
+    (tmp_path / "plain.ini").write_text("[g]\nb1\n")
+    code = ("import sys\nfrom edgehft.deploy.inventory import read_inventory\nfrom edgehft.errors import InputError\n"
+            "print([e['name'] for e in read_inventory('plain.ini')])\n"
+            "try:\n    read_inventory('exec.ini')\nexcept InputError as e:\n    print('refused', e.exit_code)\n")
+    env = {**__import__("os").environ, "ANSIBLE_INVENTORY_ENABLED": "script,ini,yaml"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[:2] == ["['b1']", "refused 3"], res.stdout + res.stderr
+    assert not (tmp_path / "PWNED_script").exists() and not (tmp_path / "PWNED_vars").exists()
+
+
+def test_an_inventory_or_a_state_that_is_no_small_regular_file_is_refused(tmp_path):
+    """A FIFO is refused without being read (no hang), an oversized file is refused unread past the limit."""
+    import os
+    from edgehft.deploy import rollout
+    fifo = tmp_path / "fifo.ini"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="is not a regular file"):
+        read_inventory(fifo)
+    with pytest.raises(InputError, match="is not a regular file"):
+        rollout.load(fifo)
+    big = tmp_path / "big.ini"
+    big.write_bytes(b"#" * (5 << 20))
+    with pytest.raises(InputError, match="more than 4,194,304 B"):
+        read_inventory(big)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InputError, match="nested too deeply"):
+        rollout.load(deep)

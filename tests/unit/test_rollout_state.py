@@ -43,6 +43,8 @@ def test_the_file_edgehft_wrote_loads(state):
     (lambda d: d["boxes"][1]["target"].update(python="python3 -c evil"), "is not an interpreter path"),
     (lambda d: d["boxes"][1]["target"].update(install_dir="relative/dir"), "is not an absolute path"),
     (lambda d: d["boxes"][1]["target"].update(extra_env={"A B": "1"}), "not variable names"),
+    (lambda d: d["boxes"][1]["target"].update(extra_env={"PYTHONPATH": "/tmp/evil"}), "which no board file's"),
+    (lambda d: d["boxes"][1]["target"].update(extra_env={"LD_PRELOAD": "/tmp/evil.so"}), "which no board file's"),
     (lambda d: d["boxes"][1]["target"].update(evil=1), "fields"),
     (lambda d: d["boxes"][2].update(wave=1000000000), "wave 1000000000, not 1 .. 4"),
     (lambda d: d["boxes"][2].update(wave="1"), "boxes.2.wave"),
@@ -75,3 +77,30 @@ def test_a_host_is_never_an_ssh_option():
     argv = ssh_argv(t, ["true"])
     assert argv[argv.index("--") + 1] == t.host and argv.index("--") > max(
         i for i, a in enumerate(argv) if a.startswith("-") and a != t.host and a != "--")
+
+
+def test_a_board_files_environment_is_kept(state):
+    """The names a board file's [ssh] env sets (the PYNQ boards' XILINX_XRT) are what a target may carry."""
+    d = json.loads(open(state).read())
+    d["boxes"][1]["target"]["extra_env"] = {"XILINX_XRT": "/usr"}
+    path = __import__("pathlib").Path(state).parent / "xrt.json"
+    path.write_text(json.dumps(d))
+    assert rollout.load(path).boxes[1].target["extra_env"] == {"XILINX_XRT": "/usr"}
+
+
+def test_the_rollout_table_shows_hostile_text_as_text(state, capsys):
+    """Versions and the stop reason come from the state file: markup and escapes are shown, not obeyed."""
+    from edgehft.cli.rollout import print_rollout
+    r = rollout.load(state)
+    r.boxes[1].version_before, r.status, r.stop_reason = "[/x]", "stopped", "\x1b[31mRED"
+    print_rollout(r)
+    said = capsys.readouterr().out
+    assert "[/x]" in said and "\x1b" not in said and "\\x1b[31mRED" in said
+
+
+def test_a_new_rollout_never_overwrites_a_state_file(state):
+    from edgehft.cli.rollout import start_rollout
+    before = open(state).read()
+    with pytest.raises(InputError, match="exists: it may hold another rollout's state") as e:
+        start_rollout("/nonexistent-bundle", [], "cpu", 1, "2", None, state)
+    assert e.value.exit_code == 3 and "--resume" in e.value.hint and open(state).read() == before
