@@ -277,15 +277,18 @@ def histogram_png(result: ReplayResult, path: str, title: str, percentiles=PERCE
     except ImportError as exc:
         raise InputError("--plot needs matplotlib", hint="pip install 'edgehft[bench]'") from exc
     us = np.sort(np.asarray(result.latency_ns, np.float64)) / 1e3
-    n, colors = len(us), ("#228833", "#ccbb44", "#ee6677", "#aa3377", "#66ccee", "#4477aa", "#bbbbbb")
+    n = len(us)
+    colors = plt.get_cmap("tab10").colors                      # ten distinct colours, the curve's blue left out
+    colors = [c for i, c in enumerate(colors) if i != 0] + [colors[0]]
     marks = [(float(p), float(np.percentile(us, p)), colors[i % len(colors)]) for i, p in enumerate(percentiles)]
+    thin = {p: "" if p <= 100 * (1 - 1 / n) else " (thin)" for p, _, _ in marks}
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     lo, hi = max(us[0], 1e-3), max(us[-1], us[0] * 1.001, 1e-3)
     left.hist(us, bins=np.geomspace(lo, hi, 120), color="#4477aa")
     left.set_xscale("log")
     left.set_yscale("log")
     for p, v, c in marks:
-        left.axvline(v, color=c, lw=1.2, label=f"p{p:g} {v:.1f} µs" + ("" if p <= 100 * (1 - 1 / n) else " (thin)"))
+        left.axvline(v, color=c, lw=1.2, label=f"p{p:g} {v:.1f} µs{thin[p]}")
     left.set_xlabel(f"{what} latency (µs, log)")
     left.set_ylabel("calls (log)")
     left.legend(fontsize=8)
@@ -293,7 +296,7 @@ def histogram_png(result: ReplayResult, path: str, title: str, percentiles=PERCE
     right.plot(1 / (1 - q), us, color="#4477aa", lw=1.2)
     for p, v, c in marks:
         if p < 100:
-            right.plot([1 / (1 - p / 100)], [v], "o", color=c, label=f"p{p:g} {v:.1f} µs")
+            right.plot([1 / (1 - p / 100)], [v], "o", color=c, label=f"p{p:g} {v:.1f} µs{thin[p]}")
     right.set_xscale("log")
     right.set_yscale("log")
     ticks = [t for t in (2, 10, 100, 1e3, 1e4, 1e5, 1e6) if t <= n]
@@ -308,7 +311,7 @@ def histogram_png(result: ReplayResult, path: str, title: str, percentiles=PERCE
     for ax, axis in ((left, left.xaxis), (right, right.yaxis)):
         axis.set_major_formatter(plain)
         axis.set_minor_formatter(plain if us[-1] / lo < 20 else FuncFormatter(lambda v, _: ""))
-    fig.suptitle(f"{title}\n(min {us[0]:.1f} µs, max {us[-1]:.1f} µs, {n} samples)", fontsize=10)
+    fig.suptitle(f"{title}\n(min {us[0]:.1f} µs, max {us[-1]:.1f} µs)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -89,17 +89,21 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
 @click.option("--warmup", default=None, type=click.IntRange(min=0, max=MAX_CALLS), metavar="N",
               help=f"Untimed calls before timing starts (default {WARMUP}, as the pytest plugin's --edgehft-warmup "
                    "and deploy's latency gate).")
-@click.option("--warmup-s", "warmup_s", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+@click.option("--warmup-s", "warmup_s", default=None, type=click.FloatRange(min=0, min_open=True, max=3600),
+              metavar="SECONDS", callback=lambda c, p, v: _finite(p, v),
               help="Warm up for this long instead of --warmup calls.")
 @click.option("--samples", default=0, type=click.IntRange(min=0, max=MAX_CALLS),
               help="Timed calls (default: one per window, cycling if needed).")
-@click.option("--duration", "duration_s", default=None, type=click.FloatRange(min=0, min_open=True),
-              metavar="SECONDS", help="Time calls for this long instead of --samples calls.")
-@click.option("--speed", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--duration", "duration_s", default=None, type=click.FloatRange(min=0.001, max=86400),
+              metavar="SECONDS", callback=lambda c, p, v: _finite(p, v),
+              help="Time calls for this long instead of --samples calls.")
+@click.option("--speed", default=1.0, show_default=True, type=click.FloatRange(min=0.001, max=1e6),
+              callback=lambda c, p, v: _finite(p, v),
               help="recorded: replay this many times faster.")
 @click.option("--burst-size", default=32, show_default=True, type=click.IntRange(min=1),
               help="burst: calls per burst.")
-@click.option("--burst-gap-us", default=1000.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--burst-gap-us", default=1000.0, show_default=True, type=click.FloatRange(min=0, max=1e7),
+              callback=lambda c, p, v: _finite(p, v),
               help="burst: idle time between bursts.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a latency histogram PNG.")
 @click.option("--percentile", "percentiles", default="50,90,99,99.9", show_default=True, metavar="P1,P2,...",
@@ -174,11 +178,25 @@ def bench_cmd(bundle, ticks, run_features, mode, warmup, warmup_s, samples, dura
                                 speed=speed, burst_size=burst_size, burst_gap_us=burst_gap_us), plot,
                                 runner_args, profile)
     if profile:
+        if plot or export_times:
+            raise click.UsageError("--profile (and --export-profile) time each op instead of the replay: drop --plot "
+                                   "and --export-times, or run them as a second bench")
         return _profile(bundle, ticks, run_features, warmup, samples, top, export_profile, *runner_args)
     replay_kw = dict(mode=mode, warmup=warmup, samples=samples or None, speed=speed, burst_size=burst_size,
                      burst_gap_us=burst_gap_us, warmup_s=warmup_s, duration_s=duration_s, max_samples=MAX_CALLS)
     _bench_replay(bundle, ticks, run_features, replay_kw, _percentile_list(percentiles), export_times, plot,
                   runner_args)
+
+
+def _finite(param, value):
+    """A float option's value when it is a finite number (click's FloatRange lets nan and inf through its bounds).
+
+    Raises:
+        click.BadParameter (exit 2): nan or inf."""
+    import math
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number", param=param)
+    return value
 
 
 def _check_run_length(warmup, warmup_s, samples, duration_s, other: bool) -> None:
@@ -251,7 +269,7 @@ def _profile(bundle, ticks, run_features, warmup, samples, top, export_to, board
         return
     print_profile(res, out, top)
     if export_to:
-        out.print(f"profile (µs per op): {res['export_profile']}", highlight=False)
+        out.print(f"profile (µs per op): {printable(res['export_profile'])}", highlight=False)
 
 
 def _us(v: float) -> str:
@@ -453,7 +471,7 @@ def print_bench(report: dict) -> None:
     t.add_row(*(_us(v) for _, v in cols))
     out.print(t)
     out.print(f"min {_us(report['min_us'])}, mean {_us(lat['mean'])}, std {_us(lat['std'])} µs; "
-              f"{report['throughput_per_s']:,.0f} calls/s", highlight=False)
+              f"{report['throughput_per_s']:,.0f} calls/s back to back (1 / mean)", highlight=False)
     if "open_ms" in report:
         mem = report["memory"]
         out.print(f"open {report['open_ms']:,.1f} ms, first call {_us(report['first_call_us'])} µs; memory: RSS "
@@ -465,7 +483,7 @@ def print_bench(report: dict) -> None:
     if src.get("kind") == "golden":
         out.print(f"windows: {src['note']}", highlight=False)
     if report.get("export_times"):
-        out.print(f"every call's latency: {report['export_times']}", highlight=False)
+        out.print(f"every call's latency: {printable(report['export_times'])}", highlight=False)
     budget = report.get("budget_us") or {}
     if budget and report["runner"]["emulated"]:
         out.print(f"board budget ({report['runner']['board']}): n/a — emulated, the device's timing is not measured")
@@ -495,4 +513,4 @@ def print_bench(report: dict) -> None:
               + "; libraries "
               + ", ".join(f"{k} {v}" for k, v in fp["libraries"].items()))
     if report.get("plot"):
-        out.print(f"histogram: {report['plot']}")
+        out.print(f"histogram: {printable(report['plot'])}", highlight=False)

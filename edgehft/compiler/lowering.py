@@ -197,28 +197,30 @@ UNFUSABLE_RNN_FIX = {
 }
 
 
-# What an unrolled GRU does on each board family (issue 19), from edgehft's own placement predictions of
-# tests/make_models.py's k3_gru_unrolled (20 steps, 297 TFLite ops): the fix the refusal names for that board.
+# What to do with a GRU on each board family (issue 19), from edgehft's own placement predictions of
+# tests/make_models.py's k3_gru_unrolled (a 20-step GRU(16) unrolled: 297 TFLite ops).
 GRU_ON_BOARD = {
-    "cpu": "unroll=True works on cpu (LiteRT runs the unrolled steps, ~15 ops each); an LSTM runs on edgehft's "
-           "native LSTM kernel instead, faster at the same size",
-    "coral": "on Coral use LSTM: an unrolled GRU's UNPACK / SPLIT_V are outside the Edge TPU op set, so 294 of its "
-             "297 ops fall back to the host (predicted), while UNIDIRECTIONAL_SEQUENCE_LSTM maps",
-    "pynq": "on PYNQ use LSTM: the overlay runs dense and LSTM kernels, so an unrolled GRU leaves its gates on the "
-            "ARM cores (293 of 297 ops, predicted), while an LSTM runs in the fabric's lstm_int8 kernel",
-    "jetson": "unroll=True works on Jetson (TensorRT takes the unrolled graph: every node on the GPU, predicted)",
+    "cpu": "pass unroll=True (it works on cpu: LiteRT runs the unrolled steps, ~15 ops each), or use LSTM, which "
+           "runs on edgehft's native LSTM kernel, faster at the same size",
+    "coral": "use LSTM: its UNIDIRECTIONAL_SEQUENCE_LSTM op maps to the Edge TPU, while an unrolled GRU's UNPACK and "
+             "SPLIT_V ops are outside the Edge TPU op set (for a 20-step GRU(16), 294 of 297 ops fall back to the "
+             "host, predicted)",
+    "pynq": "use LSTM: the fabric's lstm_int8 kernel runs it, while an unrolled GRU leaves its gates on the ARM cores "
+            "(the overlay runs dense and LSTM kernels: for a 20-step GRU(16), 293 of 297 ops, predicted)",
+    "jetson": "pass unroll=True (it works on Jetson: TensorRT takes the unrolled graph, every node on the GPU, "
+              "predicted), or use LSTM",
 }
 
 
 def recurrent_hint(cls: str, backend: str | None = None) -> str:
-    """The fix a refusal of recurrent layer class ``cls`` names (:data:`UNFUSABLE_RNN_FIX`), for a GRU with what
-    works on the compile's board family ``backend`` (``cpu``, ``coral``, ``pynq``, ``jetson``; None: every family,
-    :data:`GRU_ON_BOARD`)."""
-    base = UNFUSABLE_RNN_FIX.get(cls, "unroll the loop")
+    """The fix a refusal of recurrent layer class ``cls`` names (:data:`UNFUSABLE_RNN_FIX`); for a GRU, what to do
+    on the compile's board family ``backend`` (``cpu``, ``coral``, ``pynq``, ``jetson``; None or another: every
+    family, :data:`GRU_ON_BOARD`)."""
     if cls != "GRU":
-        return base
-    said = [GRU_ON_BOARD[backend]] if backend in GRU_ON_BOARD else list(GRU_ON_BOARD.values())
-    return f"{base}. " + "; ".join(said)
+        return UNFUSABLE_RNN_FIX.get(cls, "unroll the loop")
+    if backend in GRU_ON_BOARD:
+        return f"TFLite has no fused GRU: {GRU_ON_BOARD[backend]}"
+    return "TFLite has no fused GRU. " + "; ".join(f"on {k}: {v}" for k, v in GRU_ON_BOARD.items())
 
 
 def check_recurrent_layers(model, backend: str | None = None) -> None:

@@ -42,8 +42,8 @@ NATIVE_PLANS = {
                "UNIDIRECTIONAL_SEQUENCE_LSTM on edgehft's native fp32 LSTM kernel (weights from the float "
                "conversion) and the other ops on LiteRT segments"),
     "native-bf16": ("model.tflite is the float graph; native.json runs it with each CONV_2D the native conv "
-                    "kernel takes (and a LEAKY_RELU right after it) on edgehft's bf16 conv kernel (AMX tiles; "
-                    "bf16 operands, fp32 sums), each UNIDIRECTIONAL_SEQUENCE_LSTM's input projection on that "
+                    "kernel takes (and a LEAKY_RELU right after it) on edgehft's bf16 conv kernel (AMX tiles, "
+                    "AVX512_BF16 or SIMD, the best the box runs; bf16 operands, fp32 sums), each UNIDIRECTIONAL_SEQUENCE_LSTM's input projection on that "
                     "kernel too and its recurrence on the native fp32 LSTM kernel, pools, concatenations, reshapes, "
                     "slices, Dense layers and softmaxes fed by those on edgehft's fp32 kernels or as views, and "
                     "any other op on LiteRT segments"),

@@ -18,7 +18,8 @@ def native_reason(op_name: str, plan: str) -> str:
     if op_name in ("RESHAPE", "STRIDED_SLICE"):
         return "a view of its input, no copy (native-bf16 plan)"
     if op_name == "CONV_2D":
-        return "edgehft's native bf16 conv kernel, AMX tiles (native-bf16 plan)"
+        return ("edgehft's native bf16 conv kernel: AMX tiles, AVX512_BF16 or SIMD, the best the box runs "
+                "(native-bf16 plan)")
     return "edgehft's native fp32 kernel, cpu_ops.cpp (native-bf16 plan)"
 
 

@@ -84,8 +84,13 @@ def test_bench_duration_and_warmup_seconds(tiny, tmp_path):
     (["--samples", "3", "--duration", "1"], "--samples N and --duration SECONDS both set how long to time: give one"),
     (["--profile", "--duration", "1"], "--warmup-s and --duration time the replay"),
     (["--batch", "2", "--warmup-s", "1"], "--warmup-s and --duration time the replay"),
-    (["--duration", "0"], "0.0 is not in the range x>0"),
-    (["--warmup-s", "-1"], "is not in the range x>0"),
+    (["--duration", "0"], "0.0 is not in the range 0.001<=x<=86400"),
+    (["--warmup-s", "-1"], "is not in the range 0<x<=3600"),
+    (["--duration", "nan"], "nan is not a finite number"),
+    (["--warmup-s", "inf"], "is not in the range 0<x<=3600"),
+    (["--replay", "burst", "--burst-gap-us", "nan"], "nan is not a finite number"),
+    (["--speed", "1e-300"], "is not in the range 0.001<=x<=1000000.0"),
+    (["--profile", "--plot", "p.png"], "--profile (and --export-profile) time each op instead of the replay"),
 ])
 def test_bench_run_length_usage_errors_exit_2(tiny, args, says):
     res, _ = _bench(tiny, *args)
