@@ -88,7 +88,12 @@ def run_worker(python: str, bundle_dir: Path, out: Path) -> dict:
     except subprocess.TimeoutExpired:
         raise InputError(f"{where}: the golden worker ran over {WORKER_TIMEOUT_S:g} s") from None
     lines = [ln for ln in got.stdout.splitlines() if ln.startswith("{")]
-    record = json.loads(lines[-1]) if lines else {}
+    try:
+        record = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        record = {}
+    if not isinstance(record, dict):
+        record = {}
     if got.returncode != 0 or "path" not in record:
         said = record.get("error") or " ".join(got.stderr.split())[-600:] or f"exit {got.returncode}"
         raise InputError(f"{where}: the golden worker failed: {said}",
@@ -106,10 +111,16 @@ def read_outputs(path: Path, manifest) -> dict[str, np.ndarray]:
         InputError: anything else.
     """
     want = {f"outputs/{s.name}": ((manifest.golden.count, *s.shape[1:]), np.dtype(s.dtype)) for s in manifest.outputs}
-    with np.load(path, allow_pickle=False) as z:
-        if sorted(z.files) != sorted(want):
-            raise InputError(f"the golden worker wrote {sorted(z.files)}, not {sorted(want)}")
-        arrays = {k: z[k] for k in want}
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if sorted(z.files) != sorted(want):
+                raise InputError(f"the golden worker wrote {sorted(z.files)}, not {sorted(want)}")
+            arrays = {k: z[k] for k in want}
+    except InputError:
+        raise
+    except Exception as exc:           # missing, not an npz, a pickle, a truncated zip: the worker's fault
+        raise InputError(f"the golden worker's outputs {path.name} cannot be read: {exc}",
+                         hint="the worker must write an .npz of the bundle's outputs (edgehft.golden_worker)") from None
     for k, (shape, dtype) in want.items():
         a = arrays[k]
         if a.shape != shape or a.dtype != dtype or (a.dtype.kind == "f" and not np.isfinite(a).all()):
@@ -131,6 +142,29 @@ def _difference(outs: dict, default: dict) -> dict:
         per_window = np.maximum(per_window, d)
     return {"windows_differing_from_default": int((per_window > 0).sum()),
             "max_diff_vs_default": float(per_window.max()) if per_window.size else 0.0}
+
+
+MAX_LSB_FROM_DEFAULT = 32          # integer outputs: another release's kernels moved DeepLOB's by up to 11 LSB
+MAX_SHARE_FROM_DEFAULT = 0.1       # float outputs: of the default set's output range
+
+
+def _check_distance(section: dict, default: dict, python: str) -> None:
+    """Refuse a set much farther from the host's than another interpreter release's rounding goes (a broken
+    interpreter, or the wrong side Python, would otherwise make the outputs boxes of that release are held to).
+
+    Raises:
+        InputError: integer outputs more than :data:`MAX_LSB_FROM_DEFAULT` apart, float ones more than
+            :data:`MAX_SHARE_FROM_DEFAULT` of the default outputs' range."""
+    integer = all(a.dtype.kind in "iu" for a in default.values())
+    span = max((float(a.max()) - float(a.min()) for a in default.values() if a.size), default=0.0)
+    bound = MAX_LSB_FROM_DEFAULT if integer else MAX_SHARE_FROM_DEFAULT * max(span, 1e-12)
+    if section["max_diff_vs_default"] > bound:
+        raise InputError(f"--golden-python {python}: its outputs are up to {section['max_diff_vs_default']:g} from "
+                         f"this host's ({section['windows_differing_from_default']} windows differ), more than "
+                         + (f"{MAX_LSB_FROM_DEFAULT} LSB" if integer else f"{MAX_SHARE_FROM_DEFAULT:.0%} of the "
+                                                                         "outputs' range")
+                         + ": not another release's rounding", hint="check that Python's interpreter (its golden "
+                         "worker ran the bundle there), or compile with --golden-python none")
 
 
 def add_golden_set(python: str, manifest, files: dict, report, work: Path, say) -> GoldenSet | None:
@@ -160,6 +194,7 @@ def add_golden_set(python: str, manifest, files: dict, report, work: Path, say) 
     files[gs.file] = buf.getvalue()
     g.sets.append(gs)
     section = {"file": gs.file, "reference_path": path, "made_by": gs.made_by, **_difference(outs, default)}
+    _check_distance(section, default, python)
     if isinstance(report.golden, dict):
         report.golden.setdefault("sets", []).append(section)
     report.notes.append(f"golden outputs of {path} ({gs.made_by}) in {gs.file}: a box running it is checked "

@@ -14,7 +14,7 @@ from edgehft.boards import load_board
 from edgehft.bundle import GoldenSet, MANIFEST, load_bundle, write_bundle
 from edgehft.bundle_checks import check_golden, golden_mismatch
 from edgehft.compiler import golden_sets
-from edgehft.errors import BundleError
+from edgehft.errors import BundleError, InputError
 from edgehft.runtime import cpu
 from tiny_bundle import npz_bytes, write_tiny_bundle
 
@@ -150,3 +150,29 @@ def test_which_side_python_the_compile_takes(monkeypatch, tmp_path):
     assert "python -m edgehft.emulate.board_venv --stack z2 VENV" in warning
     assert golden_sets.set_file("tflite-runtime 2.14.0 BUILTIN+XNNPACK") == \
         "golden/tflite-runtime-2.14.0-builtin-xnnpack.npz"
+
+
+def test_a_misbehaving_side_python_is_an_error_not_a_traceback(tmp_path):
+    """Issue 18 review: a side Python whose last line is not JSON, or whose outputs file is missing or not an npz,
+    is an InputError (exit 3) naming the worker; a set far beyond another release's rounding is refused."""
+    import numpy as np
+    from edgehft.compiler.golden_sets import _check_distance, read_outputs, run_worker
+    fake = tmp_path / "fakepy"
+    fake.write_text("#!/bin/sh\necho '{not json'\n")
+    fake.chmod(0o755)
+    with pytest.raises(InputError, match="the golden worker failed") as e:
+        run_worker(str(fake), tmp_path, tmp_path / "out.npz")
+    assert e.value.exit_code == 3
+    (tmp_path / "junk.npz").write_bytes(b"PK\x03\x04 truncated")
+    from types import SimpleNamespace as NS
+    manifest = NS(golden=NS(count=4), outputs=[NS(name="signal", shape=[1, 3], dtype="int8")])
+    for name in ("missing.npz", "junk.npz"):
+        with pytest.raises(InputError, match="cannot be read"):
+            read_outputs(tmp_path / name, manifest)
+    ints = {"signal": np.zeros((4, 3), np.int8)}
+    _check_distance({"max_diff_vs_default": 11.0, "windows_differing_from_default": 3}, ints, "py")   # DeepLOB's
+    with pytest.raises(InputError, match="more than 32 LSB"):
+        _check_distance({"max_diff_vs_default": 232.0, "windows_differing_from_default": 16}, ints, "py")
+    floats = {"y": np.array([[0.0], [2.0]], np.float32)}
+    with pytest.raises(InputError, match="10% of the outputs' range"):
+        _check_distance({"max_diff_vs_default": 0.5, "windows_differing_from_default": 1}, floats, "py")
