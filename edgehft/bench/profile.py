@@ -271,15 +271,15 @@ def _op_ranges(ops) -> str:
 def print_profile(res: dict, console, top: int = 0) -> None:
     """The profile as tables: ops by time (``top`` > 0: only the slowest ``top``), or segments."""
     from rich.table import Table
+    from edgehft.report import fill_table, printable
     if res.get("segments"):
         t = Table(title=f"time per step ({res['rounds']} rounds, median)"
                         + (" [bold](EMULATED board)[/]" if res.get("emulated") else ""), title_justify="left")
-        for c in ("#", "placement", "what", "ops", "p50 µs", "p90 µs", "share"):
-            t.add_column(c, justify="right" if c in ("#", "p50 µs", "p90 µs", "share") else "left")
-        for s in res["segments"]:
-            t.add_row(str(s["index"]), s["placement"], str(s["what"]), _op_ranges(s.get("ops")),
-                      f"{s['us']['p50']:.1f}", f"{s['us']['p90']:.1f}", f"{s['share']:.1%}")
-        console.print(t)
+        cols = [(c, {"justify": "right" if c in ("#", "p50 µs", "p90 µs", "share") else "left"})
+                for c in ("#", "placement", "what", "ops", "p50 µs", "p90 µs", "share")]
+        rows = [[str(s["index"]), printable(s["placement"]), printable(str(s["what"])), _op_ranges(s.get("ops")),
+                 f"{s['us']['p50']:.1f}", f"{s['us']['p90']:.1f}", f"{s['share']:.1%}"] for s in res["segments"]]
+        console.print(fill_table(t, cols, rows, constant=("placement",), what="step"))
         console.print(f"sum of steps (p50): {res['sum_p50_us']:.1f} µs")
         return
     ops = sorted(res["ops"], key=lambda o: -o["us"]["p50"])

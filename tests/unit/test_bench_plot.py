@@ -29,3 +29,16 @@ def test_plot_of_identical_samples_still_draws(tmp_path):
     png = tmp_path / "flat.png"
     marks = histogram_png(_Result(np.full(100, 5_000, np.int64)), str(png), "flat")
     assert png.stat().st_size > 1000 and all(v == 5.0 for _, v in marks)
+
+
+def test_a_profile_column_with_one_value_becomes_a_note():
+    """The per-step profile at 80 columns (issue 19): `placement` the same on every step is said once under the
+    table instead of filling a column."""
+    from rich.console import Console
+    from edgehft.bench.profile import print_profile
+    seg = lambda i, what: {"index": i, "placement": "native", "what": what, "ops": [i],      # noqa: E731
+                           "us": {"p50": 1.0 + i, "p90": 2.0 + i}, "share": 0.5}
+    console = Console(width=80, record=True)
+    print_profile({"segments": [seg(0, "conv2d"), seg(1, "lstm")], "rounds": 9, "sum_p50_us": 3.0}, console)
+    text = console.export_text()
+    assert "every step: placement native" in text and "placement │" not in text and "conv2d" in text
