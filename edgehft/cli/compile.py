@@ -74,6 +74,7 @@ def compile_cmd(model, board, calib, out_dir, quant, select, features, calib_win
         raise click.UsageError("Missing option '--calib': calibration ticks (tick windows .npy/.npz, or raw feeds "
                                "with --features) quantize a Keras model; only a quantized .tflite is taken without")
     golden_count = _golden_count(golden_count, golden_legacy)
+    _check_not_foreign(Path(out_dir))
     if not force:
         _check_replace(Path(model), board, Path(out_dir))
     if sign_key:
@@ -148,6 +149,17 @@ def _sign_compiled(bundle_path, key) -> dict:
         exc.args = (f"{exc.args[0]} (the bundle {bundle_path} was written, unsigned)",)
         exc.hint = f"{exc.hint}; then: edgehft sign {bundle_path} --key KEY" if exc.hint else None
         raise
+
+
+def _check_not_foreign(out_dir: Path) -> None:
+    """Refuse (exit 3), before the compile rather than after it, an ``out_dir`` that holds files but no bundle:
+    edgehft never replaces such a directory, ``--force`` or not."""
+    from edgehft.bundle import MANIFEST
+    from edgehft.errors import InputError
+    from edgehft.report import printable
+    if out_dir.is_dir() and not (out_dir / MANIFEST).exists() and any(out_dir.iterdir()):
+        raise InputError(f"{printable(str(out_dir))} exists and is not an edgehft bundle (no {MANIFEST}): not "
+                         "replaced", hint="choose an empty or new --out directory")
 
 
 def _check_replace(model: Path, board: str, out_dir: Path) -> None:

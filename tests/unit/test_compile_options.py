@@ -85,3 +85,20 @@ def test_a_float_plans_last_line_names_the_graph_it_runs_not_model_int8(compiled
     assert last.endswith("golden vectors; model model.tflite (float), model_int8.tflite (the full-int8 graph, kept "
                          "for reference: not run by this bundle)")
     assert "compiled:" not in res.output
+
+
+def test_out_onto_a_directory_that_is_no_bundle_is_refused_before_the_compile(monkeypatch, tmp_path):
+    """Issue 19 review: --out naming a directory with files but no bundle is refused at once (exit 3), --force or
+    not (edgehft never replaces it), not after the whole compile; the files there stay."""
+    import edgehft.compiler.pipeline as pipeline
+    ran = []
+    monkeypatch.setattr(pipeline, "compile_model", lambda *a, **k: ran.append(1))
+    model = tmp_path / "m.tflite"
+    model.write_bytes(tiny_tflite())
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("hi")
+    for extra in ([], ["--force"]):
+        res = CliRunner().invoke(main, ["compile", str(model), "--out", str(junk), *extra])
+        assert res.exit_code == 3 and "exists and is not an edgehft bundle" in res.output, res.output
+    assert ran == [] and (junk / "notes.txt").read_text() == "hi"
