@@ -360,6 +360,12 @@ def printable(text: str) -> str:
     return escape(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text)))
 
 
+def printable_name(text) -> str:
+    """:func:`printable` for a name that must stay on one line (a box or a host from an inventory or a rollout
+    state): newlines and tabs shown as ``\\n`` and ``\\t`` too, so a name cannot forge a line of output."""
+    return printable(str(text).replace("\n", "\\n").replace("\t", "\\t"))
+
+
 def _printable_tree(value):
     if isinstance(value, str):
         return printable(value)

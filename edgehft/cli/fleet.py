@@ -9,7 +9,7 @@ from rich.table import Table
 
 from edgehft.cli.common import err, out
 from edgehft.compat import removeprefix
-from edgehft.report import printable
+from edgehft.report import printable, printable_name
 
 SWITCHES = ("activate", "rollback")      # the history events that change what a box serves
 
@@ -94,12 +94,12 @@ def print_fleet(rows: list[dict], expected_dir: str | None) -> None:
                      overflow="fold")
     for r in rows:
         if not r["reached"]:
-            row = {"box": printable(r["name"]), "active version": "[red]not reached[/]",
+            row = {"box": printable_name(r["name"]), "active version": "[red]not reached[/]",
                    "rollout": printable(str(r.get("rollout") or ""))}
             t.add_row(*(row.get(c, "") for c in cols))
             continue
         sw = r["last_switch"]
-        cells = {"box": printable(r["name"]), "active version": printable(str(r["active"] or "nothing")),
+        cells = {"box": printable_name(r["name"]), "active version": printable(str(r["active"] or "nothing")),
                  "model": str(r["model_sha256"] or "")[:8], "board": printable(str(r["board"] or "")),
                  "plan": printable(str(r["plan"] or "")),
                  "switched": _short_utc(sw["utc"]) + (" rollback" if sw["event"] == "rollback" else "")
@@ -117,9 +117,9 @@ def print_fleet(rows: list[dict], expected_dir: str | None) -> None:
     for r in rows:
         if not r["reached"]:
             said = removeprefix(r["error"] or "", r["host"] + ": ")
-            err.print(f"[red]{printable(r['name'])}[/] ({printable(r['host'])}): {printable(said)}", highlight=False)
+            err.print(f"[red]{printable_name(r['name'])}[/] ({printable_name(r['host'])}): {printable(said)}", highlight=False)
         elif r["damaged"]:
-            err.print(f"[red]{printable(r['name'])}[/]: the active version does not match its manifest "
+            err.print(f"[red]{printable_name(r['name'])}[/]: the active version does not match its manifest "
                       "(`edgehft status --host` says what)", highlight=False)
 
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from edgehft.cli.common import err, out
 from edgehft.compat import removeprefix
-from edgehft.report import printable
+from edgehft.report import printable, printable_name
 
 WAVE_HELP = ("--hosts: a rollout in waves of N boxes or P% of the fleet (rounded up); the next wave starts when "
              "one is over. Default: one wave.")
@@ -78,7 +78,7 @@ def check_ssh_config(r, state_path, ssh_config):
     for b in r.boxes:
         got = b.target.get("ssh_config")
         if got != want:
-            raise InputError(f"{state_path}: box {printable(b.name)!r} was reached with ssh config {got!r}, this "
+            raise InputError(f"{state_path}: box {printable_name(b.name)!r} was reached with ssh config {got!r}, this "
                              f"command gives {want!r}",
                              hint=f"pass --ssh-config {got} if you trust that file" if got else
                              "leave --ssh-config out, as the rollout did")
@@ -132,7 +132,7 @@ def run_deploy(r, bundle, opts: dict, engine_name, parallel: int, as_json: bool,
         print_rollout(r, dry_run)
         for b in r.boxes:
             if b.status == "failed":
-                err.print(f"[red]{printable(b.name)}[/]: failed at {b.step or '?'}, exit {b.exit_code}: "
+                err.print(f"[red]{printable_name(b.name)}[/]: failed at {b.step or '?'}, exit {b.exit_code}: "
                           f"{printable(removeprefix(b.error or '', _target(b).label + ': '))}", highlight=False)
     if not dry_run and r.status == "stopped" and len(r.boxes) > 1:
         sys.exit(rollout.ROLLOUT_STOPPED)
@@ -225,7 +225,7 @@ def show_waves(r, as_json: bool) -> None:
         t.add_column(col, no_wrap=col == "wave", overflow="fold")
     for b in r.boxes:
         t.add_row(f"{b.wave}{' canary' if r.canary and b.wave == 1 else ''}",
-                  printable(b.name) + (" (done)" if b.status == "ok" else ""), printable(_target(b).label),
+                  printable_name(b.name) + (" (done)" if b.status == "ok" else ""), printable(_target(b).label),
                   printable(b.board or "?"))
     out.print(t)
     out.print(f"stops: {stop_rule(r)}", highlight=False)
@@ -242,7 +242,7 @@ def print_rollout(r, dry_run: bool = False) -> None:
         said = outcome(r, b, dry_run)
         if b.status == "failed":
             said = f"failed at {printable(str(b.step or '?'))}, exit {b.exit_code}"
-        t.add_row(f"{b.wave}{' canary' if r.canary and b.wave == 1 else ''}", printable(b.name),
+        t.add_row(f"{b.wave}{' canary' if r.canary and b.wave == 1 else ''}", printable_name(b.name),
                   f"[{style}]{said}[/]", printable(b.version_before or ""), printable(b.version or ""))
     out.print(t)
     c = r.counts()

@@ -104,3 +104,10 @@ def test_a_new_rollout_never_overwrites_a_state_file(state):
     with pytest.raises(InputError, match="exists: it may hold another rollout's state") as e:
         start_rollout("/nonexistent-bundle", [], "cpu", 1, "2", None, state)
     assert e.value.exit_code == 3 and "--resume" in e.value.hint and open(state).read() == before
+
+
+def test_a_name_cannot_forge_a_line_of_output():
+    """A box name from an inventory or a state file with a newline, a tab or escapes prints on one line, escaped."""
+    from edgehft.report import printable_name
+    said = printable_name("b1\x1b]0;TITLE\x07\x1bcX\nFAKE LINE\tx")
+    assert "\n" not in said and "\x1b" not in said and "\t" not in said and said.endswith("\\nFAKE LINE\\tx")
