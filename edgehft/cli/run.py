@@ -88,7 +88,7 @@ def run_cmd(bundle, ticks, run_features, golden, limit, board, threads, affinity
               show_default=True, help="Back to back, at the recorded inter-arrival times, or in bursts.")
 @click.option("--warmup", default=None, type=click.IntRange(min=0, max=MAX_CALLS), metavar="N",
               help=f"Untimed calls before timing starts (default {WARMUP}, as the pytest plugin's --edgehft-warmup "
-                   "and deploy's latency gate).")
+                   "and deploy's latency gate; with --profile, untimed rounds of every op, at most 50).")
 @click.option("--warmup-s", "warmup_s", default=None, type=click.FloatRange(min=0, min_open=True, max=3600),
               metavar="SECONDS", callback=lambda c, p, v: _finite(p, v),
               help="Warm up for this long instead of --warmup calls.")
