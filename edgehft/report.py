@@ -158,13 +158,14 @@ def _counted(values: list[str]) -> str:
     return ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def _ranges(ix: list[int]) -> str:
-    """Op indexes as ranges: [0, 1, 2, 5] -> "#0-2, #5"."""
+def index_ranges(ix, mark: str = "#") -> str:
+    """Ascending indexes as runs: ``[0, 1, 2, 5]`` -> ``"#0-2, #5"`` (``mark`` before each run's start: ``""``
+    gives ``"0-2, 5"``)."""
     parts, start = [], None
     for k, v in enumerate(ix):
         start = v if start is None else start
         if k + 1 == len(ix) or ix[k + 1] != v + 1:
-            parts.append(f"#{start}" if start == v else f"#{start}-{v}")
+            parts.append(f"{mark}{start}" if start == v else f"{mark}{start}-{v}")
             start = None
     return ", ".join(parts)
 
@@ -176,7 +177,7 @@ def layer_table(report: Report, layout: str) -> Table:
     groups: dict[str, list[OpPlacement]] = {}
     for op in report.ops:
         groups.setdefault(op.layer or "(no layer)", []).append(op)
-    rows = [[name, str(len(ops)), _ranges([o.index for o in ops]), _counted([o.op for o in ops]),
+    rows = [[name, str(len(ops)), index_ranges([o.index for o in ops]), _counted([o.op for o in ops]),
              _counted([_where(o, layout) for o in ops]), _counted([o.dtype or "" for o in ops])]
             for name, ops in groups.items()]
     t = Table(title=f"{report.board}: {len(report.ops)} ops in {len(groups)} layers, placement {report.verdict} "

@@ -258,14 +258,8 @@ def _profile_steps(runner, target: dict, x, rounds: int, warmup: int) -> dict:
 
 def _op_ranges(ops) -> str:
     """[0, 1, 2, 5, 6] -> "0-2, 5-6" (op indices of a step)."""
-    ops = [o for o in (ops or []) if o is not None]
-    runs: list[list[int]] = []
-    for o in ops:
-        if runs and o == runs[-1][1] + 1:
-            runs[-1][1] = o
-        else:
-            runs.append([o, o])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    from edgehft.report import index_ranges
+    return index_ranges([o for o in (ops or []) if o is not None], mark="")
 
 
 def print_profile(res: dict, console, top: int = 0) -> None:

@@ -243,14 +243,8 @@ def _split_macs(outcome: Outcome, first) -> tuple:
 
 def _span(rows: tuple) -> str:
     """``(0, 1, 2, 7)`` -> ``"0-2, 7"``."""
-    parts, start = [], None
-    for i, r in enumerate(rows):
-        if start is None:
-            start = r
-        if i + 1 == len(rows) or rows[i + 1] != r + 1:
-            parts.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ", ".join(parts)
+    from edgehft.report import index_ranges
+    return index_ranges(rows, mark="")
 
 
 def _rows(rows: tuple, plural: str = "read", singular: str = "reads") -> str:

@@ -309,17 +309,6 @@ def _onnx_sides(rep, where: dict) -> tuple:
     return sides, moves
 
 
-def _span(ops: list) -> str:
-    """``[0, 1, 2, 4, 6]`` -> ``"#0-2, #4, #6"``."""
-    parts, start = [], None
-    for i, r in enumerate(ops):
-        start = r if start is None else start
-        if i + 1 == len(ops) or ops[i + 1] != r + 1:
-            parts.append(f"#{start}" if start == r else f"#{start}-{r}")
-            start = None
-    return ", ".join(parts)
-
-
 def table(view: BundleStreaming):
     """A rich Table of ``view``'s verdicts, per (board, plan): the verdict (short: unsupported = not supported
     on this board yet) and MACs per tick on the critical path, in prepare and over the whole window; readable at
@@ -342,14 +331,14 @@ def table(view: BundleStreaming):
 def lines(view: BundleStreaming) -> list:
     """Lines under :func:`table`: per (board, plan) the verdict and its reason; on an accelerator board, per side
     the ops and their MACs, and per op along time what a tick would still compute. Printable strings."""
-    from edgehft.report import printable
+    from edgehft.report import index_ranges, printable
     out = []
     for r in view.boards:
         out.append(printable(f"{r.board} {r.plan}: {r.verdict}: {r.reason}"))
         for s in r.sides:
             macs = ("" if s.macs_window is None else f": {s.macs_critical:,} MACs per tick on the critical path, "
                     f"{s.macs_prepare:,} in prepare, of {s.macs_window:,} per window")
-            out.append(printable(f"  {s.where} (ops {_span(s.ops)}){macs}"))
+            out.append(printable(f"  {s.where} (ops {index_ranges(s.ops)}){macs}"))
         out += [printable(f"  {m}") for m in r.moves]
         if r.placement:
             out.append(f"  (placement {r.placement} by the bundle's report)")

@@ -227,17 +227,22 @@ class _Calls:
             for a, b in runs(rows):
                 lo, hi, key = slab_of((a, b))
                 j0 = split_of((a, b)) if split_of is not None and phase == "critical" else 0
-                k = self.kernel(key)
-                if 0 < j0 <= b - a and getattr(k, "splittable", False):      # not on AMX
-                    self._split(ins, slab_of, (a, b), (lo, hi, key), j0)
+                if 0 < j0 <= b - a and self._split(ins, slab_of, (a, b), (lo, hi, key), j0):
                     continue
-                self._append(phase, k, ins, lo, hi, (self.out.addr, self.out.row_bytes, a), (*self.what, a, b))
+                self._append(phase, self.kernel(key), ins, lo, hi, (self.out.addr, self.out.row_bytes, a),
+                             (*self.what, a, b))
 
-    def _split(self, ins, slab_of, run, slab, j0: int) -> None:
+    def _split(self, ins, slab_of, run, slab, j0: int) -> bool:
         """A critical run of a conv whose first rows' sums begin with kernel rows that read only rows received
         before the tick: those parts (the prefix, :meth:`NativeConv2D.split`) move to cold and prepare, the
-        critical call (the suffix) starts from them: the same sums in the same order, fewer products on the tick."""
+        critical call (the suffix) starts from them: the same sums in the same order, fewer products on the tick.
+        False (nothing added) for a kernel that cannot split (AMX): the run's plain kernel is then the one made."""
         a, b = run
+        lo, hi, key = slab
+        suffix = self.kernel(key, fresh=True)
+        if not getattr(suffix, "splittable", False):
+            self.cache.setdefault(key, suffix)
+            return False
         plo, phi, pkey = slab_of((a, a + j0))
         prefix = self.kernel(pkey, fresh=True)
         part = prefix.split("prefix", j0)
@@ -245,10 +250,9 @@ class _Calls:
         for phase in ("cold", "prepare"):
             self._append(phase, prefix, ins, plo, phi, (part.ctypes.data, 0, 0),
                          (f"{self.what[0]} prefix", self.what[1], a, a + j0))
-        lo, hi, key = slab
-        suffix = self.kernel(key, fresh=True)
         suffix.split("suffix", j0, part)
         self._append("critical", suffix, ins, lo, hi, (self.out.addr, self.out.row_bytes, a), (*self.what, a, b))
+        return True
 
     def _append(self, phase: str, k, ins, lo: int, hi: int, out: tuple, what: tuple) -> None:
         """One call of kernel ``k`` reading rows ``[lo, hi)`` of ``ins``, writing ``out`` = (address, row bytes,
@@ -367,8 +371,12 @@ def _reshape(plan: Plan, st: dict, analysis) -> None:
     t.buf = src.buf
 
 
-def _lstm(plan: Plan, st: dict, root, analysis, portable: bool) -> str:
-    """The LSTM on its projections: the kernel, the steps before the tick; returns its output's name."""
+def _projected_lstm(plan: Plan, st: dict, root, portable: bool):
+    """``(kernel, projections tensor)`` of a native.json ``lstm`` step fed by its input projections along time
+    (the kernel registered in ``plan.kernels``, so it is closed with the plan).
+
+    Raises:
+        InputError: an LSTM not fed by projections, or projections that do not fit its weights."""
     from edgehft.kernels.cpu.lstm import NativeLSTM, recurrent_bf16_of
     proj = plan.tensors.get(st["inputs"][0])
     if not st.get("projected") or proj is None:
@@ -378,17 +386,22 @@ def _lstm(plan: Plan, st: dict, root, analysis, portable: bool) -> str:
         k = NativeLSTM([(z["kernel"], z["recurrent_kernel"], z["bias"])], st["timesteps"], True,
                        cell_clip=float(z["cell_clip"]), portable=portable,
                        recurrent_bf16=recurrent_bf16_of(st)).projected()
-    row = analysis.op(int(st["op"]))
-    if k.timesteps != proj.rows or proj.row != 4 * k.hidden[0]:
-        k.close()
-        raise _refuse(f"op #{st['op']} LSTM: {k.timesteps} steps of {4 * k.hidden[0]} projections, its input has "
-                      f"{proj.rows} rows of {proj.row} (an inconsistent native.json)")
-    if row.steps_prepared is None or row.steps_prepared + (row.steps_critical or 0) != proj.rows:
-        raise _refuse(f"op #{st['op']} LSTM: the analysis gives no steps before and after the tick")
-    plan.lstm, plan.lstm_input, plan.lstm_prepared = k, proj.name, int(row.steps_prepared)
     plan.kernels.append(k)
     plan.layers.append(int(k.hidden[0]))
     plan.isa["LSTM"] = k.isa
+    if k.timesteps != proj.rows or proj.row != 4 * k.hidden[0]:
+        raise _refuse(f"op #{st['op']} LSTM: {k.timesteps} steps of {4 * k.hidden[0]} projections, its input has "
+                      f"{proj.rows} rows of {proj.row} (an inconsistent native.json)")
+    return k, proj
+
+
+def _lstm(plan: Plan, st: dict, root, analysis, portable: bool) -> str:
+    """The LSTM on its projections: the kernel, the steps before the tick; returns its output's name."""
+    k, proj = _projected_lstm(plan, st, root, portable)
+    row = analysis.op(int(st["op"]))
+    if row.steps_prepared is None or row.steps_prepared + (row.steps_critical or 0) != proj.rows:
+        raise _refuse(f"op #{st['op']} LSTM: the analysis gives no steps before and after the tick")
+    plan.lstm, plan.lstm_input, plan.lstm_prepared = k, proj.name, int(row.steps_prepared)
     return st["outputs"][0]
 
 
@@ -397,20 +410,8 @@ def _stacked_lstm(plan: Plan, st: dict, root, analysis, portable: bool) -> None:
     prepare: the steps before the tick from the zero state, critical: the rest), every step's h into a time
     tensor the next layer's input projection reads row by row."""
     from edgehft.kernels.cpu.chain_program import LstmSteps
-    from edgehft.kernels.cpu.lstm import NativeLSTM, recurrent_bf16_of
-    proj = plan.tensors.get(st["inputs"][0])
-    if not st.get("projected") or proj is None:
-        raise _refuse(f"op #{st['op']} LSTM: the chain executor runs an LSTM fed by its input projections along "
-                      "time (plan native-bf16)")
-    with np.load(root / st["weights"]) as z:
-        k = NativeLSTM([(z["kernel"], z["recurrent_kernel"], z["bias"])], st["timesteps"], True,
-                       cell_clip=float(z["cell_clip"]), portable=portable,
-                       recurrent_bf16=recurrent_bf16_of(st)).projected()
-    plan.kernels.append(k)
+    k, proj = _projected_lstm(plan, st, root, portable)
     H, S = k.hidden[0], proj.rows
-    if k.timesteps != S or proj.row != 4 * H:
-        raise _refuse(f"op #{st['op']} LSTM: {k.timesteps} steps of {4 * H} projections, its input has {S} rows "
-                      f"of {proj.row} (an inconsistent native.json)")
     out = _time_tensor(plan, st["outputs"][0], (1, S, H), analysis)
     P = len(out.prepared)
     if out.prepared != tuple(range(P)) or out.critical != tuple(range(P, S)):
@@ -423,8 +424,6 @@ def _stacked_lstm(plan: Plan, st: dict, root, analysis, portable: bool) -> None:
             plan.kernels.append(steps)
             calls._append(phase, steps, [proj], s0, s0 + n, (out.addr, out.row_bytes, s0), ("lstm", (st["op"],),
                                                                                              s0, s0 + n))
-    plan.isa["LSTM"] = k.isa
-    plan.layers.append(int(H))
 
 
 def _head(plan: Plan, st: dict, root, whole: dict, lstm_out: str) -> None:
