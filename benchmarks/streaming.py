@@ -5,8 +5,9 @@ LSTM_A (benchmarks/lstm_a.py: LSTM(100) x 2 over 50 x 100 rows, Dense(1), seeded
 the cpu board with ``--quant native`` (or ``--bundle`` names one). A seeded stream of rows is fed one row at a
 time; on the same core:
 
-  push        ``stream.push(row)``: from the row handed to push to the output written (the critical path: one
-              step of each LSTM with its input projection, and the head; 160,100 MACs)
+  push        ``stream.push(row)``: from the row handed to push to the output written (the critical path: the
+              last step of each LSTM, its input projection and gates, and the head: 80,100 MACs run; each
+              layer's recurrent sum h_48 @ U of that step runs in prepare, which the analysis' 160,100 counts)
   prepare     ``stream.prepare()``: the next window's 49 steps of each layer (5.88 M MACs), run between ticks
   predict     ``runner.predict(window)``: the same plan on the whole 50-row window (8.0 M MACs)
 

@@ -126,9 +126,12 @@ class Plan:
         calls' kernels as they run (:meth:`NativeConv2D.macs_per_run`: no kernel row over the zero padding, a
         split conv's prefix in prepare), the LSTM's recurrent steps (4H x H each) and the head's fc. The streaming
         analysis' figures count every kernel row of a critical row on the tick instead."""
+        from edgehft.kernels.cpu.chain_program import recurrent_steps
         H, S, P = self.lstm.hidden[0], self.lstm.timesteps, self.lstm_prepared
-        return {"critical": self.kernel_macs["critical"] + (S - P) * 4 * H * H + self.kernel_macs["head"],
-                "prepare": self.kernel_macs["prepare"] + P * 4 * H * H}
+        ahead = 0 < P < S                              # step P's recurrent sum runs in prepare (cpu_chain.cpp)
+        return {"critical": self.kernel_macs["critical"] + recurrent_steps(P, S - P, summed=ahead) * 4 * H * H
+                + self.kernel_macs["head"],
+                "prepare": self.kernel_macs["prepare"] + recurrent_steps(0, P, ahead=ahead) * 4 * H * H}
 
 
 def _rows_of(analysis, name: str):
@@ -418,9 +421,10 @@ def _stacked_lstm(plan: Plan, st: dict, root, analysis, portable: bool) -> None:
         raise _refuse(f"op #{st['op']} LSTM: the analysis does not give its first steps before the tick and the "
                       "rest after it")
     calls = _Calls(plan, out, None, st)
+    ahead = 0 < P < S                                  # step P's recurrent sum before the tick
     for phase, s0, n in (("cold", 0, P), ("prepare", 0, P), ("critical", P, S - P)):
         if n:
-            steps = LstmSteps(k, s0, n)
+            steps = LstmSteps(k, s0, n, ahead=ahead and phase != "critical", summed=ahead and phase == "critical")
             plan.kernels.append(steps)
             calls._append(phase, steps, [proj], s0, s0 + n, (out.addr, out.row_bytes, s0), ("lstm", (st["op"],),
                                                                                              s0, s0 + n))

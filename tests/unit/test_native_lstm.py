@@ -101,6 +101,29 @@ def test_bf16_recurrent_weights_are_the_fp32_kernel_on_rounded_weights(H, target
         assert np.array_equal(h, whole[-1])
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("H", [1, 7, 64, 100, 130])
+@pytest.mark.parametrize("bf16_u", [False, True])
+def test_a_recurrent_sum_run_ahead_gives_the_steps_bits(H, target, bf16_u):
+    """The stream executor sums the first tick step's h @ U in prepare (steps(..., ahead=True)); the next call adds
+    it to its projection: the whole window's bits, bit for bit, fp32 and bf16 recurrent weights, one column chunk
+    or several (H = 130), at every split point; with nothing left to sum ahead it is refused."""
+    rng = np.random.default_rng(300 + H)
+    T = 9
+    layers = random_layers(rng, 4 * H, [H])
+    with force_target(target):
+        one = NativeLSTM(layers, T, True, cell_clip=3.0, recurrent_bf16=bf16_u).projected()
+    g = rng.normal(0, 1, (T, 4 * H)).astype(np.float32)
+    whole = one.run(g).copy()
+    h = np.zeros(H, np.float32)
+    for split in (1, 4, T - 1):
+        one.steps(g[:split], 0, ahead=True)
+        one.steps(g[split:], split, h)
+        assert np.array_equal(h, whole[-1]), split
+    with pytest.raises(ShapeError, match="no step after"):
+        one.steps(g, 0, ahead=True)
+
+
 def test_recurrent_precision_of_a_native_json_step():
     """A native.json LSTM step's "recurrent" field: absent or fp32 -> fp32, bf16 -> bf16, anything else (a
     newer or damaged bundle) a BundleError that says what to do."""

@@ -66,7 +66,7 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
                             ("edgehft_chain_counters", None, [vp, vp]), ("edgehft_chain_window", i32, [vp, vp]),
                             ("edgehft_chain_profile", i32, [vp, i32]),
                             ("edgehft_chain_profile_read", i32, [vp, vp, i32]),
-                            ("edgehft_chain_lstm_call_create", vp, [vp, i32, i32, i32, i32]),
+                            ("edgehft_chain_lstm_call_create", vp, [vp, i32, i32, i32, i32, i32]),
                             ("edgehft_chain_lstm_call", i32, [vp, vp, vp]),
                             ("edgehft_chain_lstm_call_destroy", None, [vp])):
         getattr(lib, name).restype = res
@@ -84,26 +84,37 @@ class LstmSteps(build.NativeKernel):
     """A stacked LSTM layer's steps ``s0 .. s0+n-1`` as one row call of a phase (the layer's h sequence feeds the
     next layer's input projection): reads ``n`` projection rows ``(n, 4H)`` float32, writes each step's h to a row
     of ``(n, H)`` float32 (``edgehft_lstm_steps_seq``: the bits of the layer's whole-window run, the steps run in
-    order from the zero state across calls). ``lstm``: a projected single-layer
-    :class:`~edgehft.kernels.cpu.lstm.NativeLSTM` that must outlive this call. :attr:`out` only gives the output's
-    shape (the program writes the chain's buffer). Raises MemoryError when the call cannot be made."""
+    order from the zero state across calls). ``ahead``: the call also sums step ``s0 + n``'s recurrent part
+    ``h @ U`` (``edgehft_lstm_recur_ahead``; a prepare call), so the next call's first step, starting there, adds it
+    instead of summing it (``summed``: this call's first step is such a step; only the MAC count uses it).
+    ``lstm``: a projected single-layer :class:`~edgehft.kernels.cpu.lstm.NativeLSTM` that must outlive this call.
+    :attr:`out` only gives the output's shape (the program writes the chain's buffer). Raises MemoryError when the
+    call cannot be made."""
 
     _destroy = "edgehft_chain_lstm_call_destroy"
 
-    def __init__(self, lstm, s0: int, n: int):
+    def __init__(self, lstm, s0: int, n: int, ahead: bool = False, summed: bool = False):
         H = int(lstm.hidden[0])
         self._lib = lib = load_library()
-        h = lib.edgehft_chain_lstm_call_create(lstm._h, int(s0), int(n), 4 * H, H)
+        h = lib.edgehft_chain_lstm_call_create(lstm._h, int(s0), int(n), 4 * H, H, int(bool(ahead)))
         if not h:
             raise MemoryError("edgehft_chain_lstm_call_create failed")
         self._h, self._run = ctypes.c_void_p(h), lib.edgehft_chain_lstm_call
         self.input_shape, self.out, self.isa = (int(n), 4 * H), np.zeros((int(n), H), np.float32), lstm.isa
         self._outp = ctypes.c_void_p(self.out.ctypes.data)
-        self._macs = int(n) * 4 * H * H
+        self._macs = recurrent_steps(int(s0), int(n), ahead, summed) * 4 * H * H
 
     def macs_per_run(self) -> int:
-        """The recurrent multiply-accumulates of the steps (4H x H each; the projections are the conv's)."""
+        """The recurrent multiply-accumulates the call runs (4H x H a step; the projections are the conv's)."""
         return self._macs
+
+
+def recurrent_steps(s0: int, n: int, ahead: bool = False, summed: bool = False) -> int:
+    """How many recurrent sums ``h @ U`` a call running steps ``s0 .. s0+n-1`` computes: one per step after step 0
+    (step 0 starts from the zero state), less its first when that sum ``summed`` ahead, plus the next step's when it
+    sums it ``ahead``."""
+    own = n - (1 if s0 == 0 and n > 0 else 0) - (1 if summed and s0 > 0 and n > 0 else 0)
+    return own + (1 if ahead else 0)
 
 
 def address(x) -> int:

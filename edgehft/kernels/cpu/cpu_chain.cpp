@@ -42,6 +42,7 @@
 // cpu_lstm.cpp's steps of a single-layer projected net, cpu_conv.cpp's shared tile configuration (the same library).
 extern "C" int edgehft_lstm_steps(void* p, const float* g, int ldg, int s0, int n, float* h_out);
 extern "C" int edgehft_lstm_steps_seq(void* p, const float* g, int ldg, int s0, int n, float* h_seq, int ldh);
+extern "C" int edgehft_lstm_recur_ahead(void* p);
 extern "C" void edgehft_conv_amx_scope(int open);
 
 namespace edgehft {
@@ -144,6 +145,7 @@ void prepare_window(Program* s, uint64_t id) {
     bool ok = run_phase(s, phase, s->base);
     uint64_t t = prof_start(s);
     ok &= edgehft_lstm_steps(s->lstm, s->proj + (size_t)s->base * s->proj_ld, s->proj_ld, 0, (int)s->P, nullptr) == 0;
+    if (s->P > 0 && s->P < s->S) ok &= edgehft_lstm_recur_ahead(s->lstm) == 0;   // step P's h_{P-1} @ U
     if (phase == kPrepare) {
         prof_lap(s, s->calls[kPrepare].size(), t);
         s->prof_prepares += s->profiling;
@@ -339,19 +341,23 @@ uint64_t edgehft_chain_rows(void* p) { return static_cast<Program*>(p)->count; }
 // projection): steps s0 .. s0+n-1 of the single-layer net `net` on n projection rows (ldg floats apart), every
 // step's h to an output row (ldh floats apart), edgehft_lstm_steps_seq. Returns the call's handle (free it with
 // edgehft_chain_lstm_call_destroy), nullptr out of memory or on a bad size.
-struct LstmCall { void* net; int s0, n, ldg, ldh; };
+// ahead: after its steps, the call also sums step s0 + n's recurrent part h @ U (edgehft_lstm_recur_ahead), which
+// the next call, starting there, then adds to its projection instead of summing it (the same bits): a prepare
+// call does so, and the tick's first step has only its projection and gates left.
+struct LstmCall { void* net; int s0, n, ldg, ldh, ahead; };
 
-void* edgehft_chain_lstm_call_create(void* net, int s0, int n, int ldg, int ldh) {
+void* edgehft_chain_lstm_call_create(void* net, int s0, int n, int ldg, int ldh, int ahead) {
     if (!net || s0 < 0 || n < 1 || ldg < 1 || ldh < 1) return nullptr;
-    LstmCall* c = new (std::nothrow) LstmCall{net, s0, n, ldg, ldh};
+    LstmCall* c = new (std::nothrow) LstmCall{net, s0, n, ldg, ldh, ahead ? 1 : 0};
     return c;
 }
 
 // The call (a KernelFn): in = the first projection row, out = the first h row. 0, or -1 when the steps were
-// refused (out of order: the net did not end its last call at s0).
+// refused (out of order: the net did not end its last call at s0; or ahead with no step left after them).
 int edgehft_chain_lstm_call(void* h, const void* in, float* out) {
     const LstmCall* c = static_cast<const LstmCall*>(h);
-    return edgehft_lstm_steps_seq(c->net, static_cast<const float*>(in), c->ldg, c->s0, c->n, out, c->ldh) ? -1 : 0;
+    if (edgehft_lstm_steps_seq(c->net, static_cast<const float*>(in), c->ldg, c->s0, c->n, out, c->ldh)) return -1;
+    return c->ahead && edgehft_lstm_recur_ahead(c->net) ? -1 : 0;
 }
 
 void edgehft_chain_lstm_call_destroy(void* h) { delete static_cast<LstmCall*>(h); }

@@ -327,6 +327,12 @@ void Recurrent(const float* hprev, int H, int N, const float* U, float* r) {
     Chunks(N, kMaxAcc, [&](int nv, int v0) { RecurOnlyN<kMaxAcc, float>(nv, hprev, H, N, U, r, v0); });
 }
 
+// Recurrent on bf16 pairs (BF16_PAIRS): the sums StepBf16 computes (each column's sum is its own, k ascending
+// from zero, whatever the chunks).
+void RecurrentBf16(const float* hprev, int H, int N, const uint32_t* U, float* r) {
+    Chunks<true>(N, kMaxAcc, [&](int nv, int v0) { RecurOnlyN<kMaxAcc, uint32_t>(nv, hprev, H, N, U, r, v0); });
+}
+
 int Lanes() { return static_cast<int>(hn::Lanes(D())); }
 
 // th[i] = tanh(x[i]), sg[i] = sigmoid(x[i]) exactly as Step computes them.
@@ -344,7 +350,7 @@ void Act(const float* x, float* th, float* sg, int n) {
 }  // namespace
 
 extern const lstm::Fns kLstmFns;
-const lstm::Fns kLstmFns = {&Gemm, &Step, &Act, &StepIn, &Recurrent, &StepBf16, &Lanes};
+const lstm::Fns kLstmFns = {&Gemm, &Step, &Act, &StepIn, &Recurrent, &StepBf16, &Lanes, &RecurrentBf16};
 
 }  // namespace HWY_NAMESPACE
 }  // namespace edgehft
@@ -370,18 +376,20 @@ struct Layer {
 
 struct Net {
     int T = 0, in0 = 0, return_sequences = 0, slot = 0, steps_done = 0;   // steps_done: edgehft_lstm_steps
+    int r_step = -1;                                  // the step whose recurrent sum R holds (-1: none)
     const lstm::Fns* fn = nullptr;
     float cell_clip = 0;
     Layer* L = nullptr;
     int nl = 0;
     float *G = nullptr, *c = nullptr, *z = nullptr, *seq[2] = {nullptr, nullptr};
+    float* R = nullptr;                               // [Np]: edgehft_lstm_recur_ahead's sum for step r_step
 };
 
 void destroy(Net* n) {
     if (!n) return;
     for (int l = 0; l < n->nl; l++) { free(n->L[l].W); free(n->L[l].U); free(n->L[l].b); free(n->L[l].Ub); }
     delete[] n->L;
-    free(n->G); free(n->c); free(n->z); free(n->seq[0]); free(n->seq[1]);
+    free(n->G); free(n->c); free(n->z); free(n->seq[0]); free(n->seq[1]); free(n->R);
     delete n;
 }
 
@@ -460,7 +468,8 @@ void* edgehft_lstm_create(int nl, int T, int in0, const int* Hs, const float* co
     if (ok) {
         n->G = aligned_floats((size_t)T * maxN); n->c = aligned_floats(maxHp); n->z = aligned_floats(maxN);
         n->seq[0] = aligned_floats((size_t)T * maxHp); n->seq[1] = aligned_floats((size_t)T * maxHp);
-        ok = n->G && n->c && n->z && n->seq[0] && n->seq[1];
+        n->R = aligned_floats(maxN);
+        ok = n->G && n->c && n->z && n->seq[0] && n->seq[1] && n->R;
     }
     if (!ok) { destroy(n); return nullptr; }
     return n;
@@ -495,6 +504,7 @@ void write_out(const Net* n, const float* seq, float* out) {
 // x: (T, in0) float32 row-major; out: (T, H_last) when return_sequences else (H_last,). Returns 0.
 int edgehft_lstm_run(void* p, const float* x, float* out) {
     Net* n = static_cast<Net*>(p);
+    n->r_step = -1;
     const float* X = x;
     int ldx = n->in0;
     float* seq = nullptr;
@@ -514,6 +524,7 @@ int edgehft_lstm_run(void* p, const float* x, float* out) {
 int edgehft_lstm_run_projected(void* p, const float* g, float* out) {
     Net* n = static_cast<Net*>(p);
     if (n->nl != 1) return 1;
+    n->r_step = -1;
     const Layer& y = n->L[0];
     const int N = 4 * y.H;
     for (int t = 0; t < n->T; t++) memcpy(n->G + (size_t)t * y.Np, g + (size_t)t * N, sizeof(float) * N);
@@ -541,6 +552,8 @@ int edgehft_lstm_steps_seq(void* p, const float* g, int ldg, int s0, int n, floa
     const Layer& y = net->L[0];
     if (s0 < 0 || n < 0 || s0 + n > net->T || (s0 > 0 && net->steps_done != s0) || (ldh >= 0 && ldh < y.H))
         return 2;
+    const bool summed = s0 > 0 && net->r_step == s0;  // step s0's recurrent sum ran ahead (recur_ahead)
+    net->r_step = -1;
     if (s0 == 0) memset(net->c, 0, sizeof(float) * y.Hp);
     float* seq = net->seq[0];                          // h of step t at row t % 2
     for (int i = 0; i < n; i++) {
@@ -549,11 +562,33 @@ int edgehft_lstm_steps_seq(void* p, const float* g, int ldg, int s0, int n, floa
         memcpy(G, g + (size_t)i * ldg, sizeof(float) * 4 * y.H);
         const float* hprev = t ? seq + (size_t)((t - 1) % 2) * y.Hp : nullptr;
         float* h = seq + (size_t)(t % 2) * y.Hp;
-        step(net, y, G, hprev, h);
+        if (i == 0 && summed)                          // z = G + R: Step's one add of the same two terms
+            net->fn->step_in(G, nullptr, 0, nullptr, nullptr, net->R, y.H, y.Np, net->c, h, net->z, net->cell_clip);
+        else
+            step(net, y, G, hprev, h);
         if (ldh >= 0 && h_seq) memcpy(h_seq + (size_t)i * ldh, h, sizeof(float) * y.H);
     }
     net->steps_done = s0 + n;
     if (ldh < 0 && h_seq && s0 + n > 0) memcpy(h_seq, seq + (size_t)((s0 + n - 1) % 2) * y.Hp, sizeof(float) * y.H);
+    return 0;
+}
+
+// Single-layer nets only: the recurrent sum h_{s-1} @ U of step s = the step the last edgehft_lstm_steps call
+// ended at, ahead of its projection (the stream executor runs it before the tick: h_{s-1} needs no new row). The
+// next steps call that starts at s adds it to its projection instead of summing it (the bits Step gives: the same
+// sum, then one add). Returns 0; 1 when the net has more than one layer; 2 when no steps ran yet or all T did.
+int edgehft_lstm_recur_ahead(void* p) {
+    Net* net = static_cast<Net*>(p);
+    if (net->nl != 1) return 1;
+    const Layer& y = net->L[0];
+    const int s = net->steps_done;
+    if (s < 1 || s >= net->T) return 2;
+    const float* hprev = net->seq[0] + (size_t)((s - 1) % 2) * y.Hp;
+    if (y.Ub)
+        net->fn->recurrent_bf16(hprev, y.H, y.Np, y.Ub, net->R);
+    else
+        net->fn->recurrent(hprev, y.H, y.Np, y.U, net->R);
+    net->r_step = s;
     return 0;
 }
 

@@ -33,6 +33,8 @@ struct Fns {
                       float* z, float clip);
     // The target's fp32 lanes per vector (what the BF16_PAIRS layout depends on).
     int (*lanes)();
+    // recurrent with U as bf16 in vector pairs (as step_bf16 sums it).
+    void (*recurrent_bf16)(const float* hprev, int H, int N, const uint32_t* U, float* r);
 };
 
 // The functions of Highway slot ``slot`` (cpu_dispatch.h: kAvx3 .. kFallback), nullptr for a slot this

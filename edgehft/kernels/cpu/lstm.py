@@ -56,6 +56,8 @@ def load_library(portable: bool = False, cache_dir: Path | str | None = None) ->
     lib.edgehft_lstm_run_projected.argtypes = [vp, vp, vp]
     lib.edgehft_lstm_steps.restype = i32
     lib.edgehft_lstm_steps.argtypes = [vp, vp, i32, i32, i32, vp]
+    lib.edgehft_lstm_recur_ahead.restype = i32
+    lib.edgehft_lstm_recur_ahead.argtypes = [vp]
     lib.edgehft_lstm_destroy.restype = None
     lib.edgehft_lstm_destroy.argtypes = [vp]
     lib.edgehft_lstm_slot.restype = i32
@@ -194,15 +196,17 @@ class NativeLSTM(NativeKernel):
         self.input_shape = (self.timesteps, 4 * self.hidden[0])
         return self
 
-    def steps(self, g: np.ndarray, s0: int, h_out: np.ndarray | None = None) -> None:
+    def steps(self, g: np.ndarray, s0: int, h_out: np.ndarray | None = None, ahead: bool = False) -> None:
         """Steps ``s0 .. s0 + len(g) - 1`` of a single-layer net's recurrence on their input projections ``g``
         ``(n, 4H)`` float32 (row-major rows, any row stride), continuing the state the previous call left
         (``s0 == 0``: from the zero state). ``h_out`` ``(H,)`` float32 gets the last step's h. Steps 0 .. T-1 in
         any number of calls give :meth:`run`'s bits on the projected net (the same step code and state).
+        ``ahead``: then also sum the next step's recurrent part ``h @ U`` (``edgehft_lstm_recur_ahead``, what the
+        stream executor runs before a tick), which the next call adds to its first projection: the same bits.
 
         Raises:
             ShapeError: a multi-layer net, ``g`` not (n, 4H) float32 with unit column stride, ``s0 + n > T``,
-                or ``s0 > 0`` not continuing the previous call."""
+                ``s0 > 0`` not continuing the previous call, or ``ahead`` with no step left (all T ran)."""
         H = self.hidden[0]
         if len(self.hidden) != 1:
             raise ShapeError("steps() runs a single-layer LSTM")
@@ -215,4 +219,6 @@ class NativeLSTM(NativeKernel):
         if rc:
             raise ShapeError(f"steps {s0} .. {s0 + g.shape[0] - 1}: outside 0 .. {self.timesteps - 1} or not "
                              "continuing the previous call", hint="start a window at s0=0, then continue in order")
+        if ahead and self._lib.edgehft_lstm_recur_ahead(self._h):
+            raise ShapeError(f"no step after step {s0 + g.shape[0] - 1} of {self.timesteps} to sum ahead")
 
