@@ -258,34 +258,38 @@ HWY_INLINE void Block(const Conv& k, int m0, int c0, float* HWY_RESTRICT out, co
     const int kwc = k.kw * k.C, Cop = k.NB * 16;
     const size_t C = k.C, row = static_cast<size_t>(k.Wp) * C;
     const float* px[P];
-    for (int p = 0; p < P; ++p) {
+    EDGEHFT_UNROLL for (int p = 0; p < P; ++p) {
         const int oy = (m0 + p) / k.Wo, ox = (m0 + p) % k.Wo;
         px[p] = static_cast<const float*>(k.x) + (static_cast<size_t>(oy) * k.sh * k.Wp + static_cast<size_t>(ox) * k.sw) * C;
     }
+    // Every loop over p and v is unrolled (compile-time bounds only), so the P x NV accumulators live in registers
+    // across the whole sum: a loop the compiler cannot unroll keeps acc an array in memory and stores it back on
+    // every step of the k loop (24 stores per 24 multiply-adds).
     V acc[P][NV];
-    for (int p = 0; p < P; ++p)
-        for (int v = 0; v < NV; ++v)
+    EDGEHFT_UNROLL for (int p = 0; p < P; ++p)
+        EDGEHFT_UNROLL for (int v = 0; v < NV; ++v)
             acc[p][v] = t.init ? hn::LoadU(d, t.init + static_cast<size_t>(m0 + p) * Cop + c0 + v * L) : hn::Zero(d);
     for (int i = t.i0; i < t.i1; ++i) {
         const float* HWY_RESTRICT w = k.wf + static_cast<size_t>(i) * kwc * Cop + c0;
         const size_t xo = i * row;
         for (int q = 0; q < kwc; ++q) {
             V wv[NV];
-            for (int v = 0; v < NV; ++v) wv[v] = hn::Load(d, w + static_cast<size_t>(q) * Cop + v * L);
-            for (int p = 0; p < P; ++p) {
+            EDGEHFT_UNROLL for (int v = 0; v < NV; ++v) wv[v] = hn::Load(d, w + static_cast<size_t>(q) * Cop + v * L);
+            EDGEHFT_UNROLL for (int p = 0; p < P; ++p) {
                 const V xv = hn::Set(d, px[p][xo + q]);
-                for (int v = 0; v < NV; ++v) acc[p][v] = hn::MulAdd(xv, wv[v], acc[p][v]);   // exact products
+                EDGEHFT_UNROLL for (int v = 0; v < NV; ++v) acc[p][v] = hn::MulAdd(xv, wv[v], acc[p][v]);   // exact products
             }
         }
     }
     if (k.role == conv::kPrefix) {
-        for (int p = 0; p < P; ++p)
-            for (int v = 0; v < NV; ++v) hn::StoreU(acc[p][v], d, out + static_cast<size_t>(m0 + p) * Cop + c0 + v * L);
+        EDGEHFT_UNROLL for (int p = 0; p < P; ++p)
+            EDGEHFT_UNROLL for (int v = 0; v < NV; ++v)
+                hn::StoreU(acc[p][v], d, out + static_cast<size_t>(m0 + p) * Cop + c0 + v * L);
         return;
     }
-    for (int p = 0; p < P; ++p)
-        for (int v = 0; v < NV && c0 + v * L < k.Co; ++v)
-            StoreOut(k, d, acc[p][v], c0 + v * L, out + static_cast<size_t>(m0 + p) * k.Co);
+    EDGEHFT_UNROLL for (int p = 0; p < P; ++p)
+        EDGEHFT_UNROLL for (int v = 0; v < NV; ++v)
+            if (c0 + v * L < k.Co) StoreOut(k, d, acc[p][v], c0 + v * L, out + static_cast<size_t>(m0 + p) * k.Co);
 }
 
 template <int P, int NV>
@@ -524,6 +528,19 @@ void dp_blocks(int np, int nv, const Conv* k, int m0, int nb0, int i0, int i1, c
     }
 }
 
+// One or two pixels (a row on the tick, e.g. an LSTM's input projection of the newest row): four channel blocks at a
+// time would leave each sum's chain of dependent VDPBF16PS waiting on the last (four chains in flight); take up to
+// 16 blocks (one pixel) or 8 (two) at a time, balanced, instead. Each output's sum is the same sequence of pairs.
+void dp_few(int np, const Conv* k, int m0, int i0, int i1, const float* init) {
+    const int most = np == 1 ? 16 : 8, groups = (k->NB + most - 1) / most;
+    for (int g = 0, nb0 = 0; g < groups; ++g) {
+        const int nv = (k->NB - nb0) / (groups - g);
+        if (np == 1) dp_blocks<1, 16>(1, nv, k, m0, nb0, i0, i1, init);
+        else dp_blocks<2, 8>(2, nv, k, m0, nb0, i0, i1, init);
+        nb0 += nv;
+    }
+}
+
 // The whole conv on VDPBF16PS: per row group (row_group_end), pixel blocks of 6 (6 x 4 accumulators), all channel
 // blocks (4 at a time) into the scratch, then the AVX3 epilogue (a prefix: the raw sums to out [pixel][NB * 16]).
 void run_dp(Conv* k, float* out) {
@@ -536,8 +553,12 @@ void run_dp(Conv* k, float* out) {
         const float* init = k->role == conv::kSuffix && oy0 < k->split ? k->part : nullptr;
         for (int m0 = oy0 * k->Wo, m1 = oy1 * k->Wo; m0 < m1; m0 += kP) {
             const int np = std::min(kP, m1 - m0);
-            for (int nb0 = 0; nb0 < k->NB; nb0 += 4)
-                dp_blocks<kP, 4>(np, std::min(4, k->NB - nb0), k, m0, nb0, i0, i1, init);
+            if (np <= 2) {
+                dp_few(np, k, m0, i0, i1, init);
+            } else {
+                for (int nb0 = 0; nb0 < k->NB; nb0 += 4)
+                    dp_blocks<kP, 4>(np, std::min(4, k->NB - nb0), k, m0, nb0, i0, i1, init);
+            }
             if (k->role == conv::kPrefix) memcpy(out + m0 * ld, k->acc, np * ld * sizeof(float));
             else emit(k, k->acc, out, m0, m0 + np);
         }
