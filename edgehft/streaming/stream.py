@@ -308,7 +308,9 @@ class Stream:
         row, one native call (it checks finiteness), and for the LiteRT head one segment run; anything else
         (another dtype, shape, or a non-finite row: the executor refuses it untouched) takes :meth:`_push_checked`,
         which raises predict's errors."""
-        nat, call = self._native, self._native.push_staged
+        nat = self._native
+        call = getattr(nat, "push_raw", nat.push_staged)      # the chain's bare native call (no Python frame)
+        failed = getattr(nat, "failed", None)
         shapes, dests = self._slot.shapes, {s: self._native.row.reshape(s) for s in self._slot.shapes}
         f32, ndarray, copyto = np.dtype(np.float32), np.ndarray, np.copyto
         enter, leave, busy, checked = self._entry.acquire, self._entry.release, self._busy, self._push_checked
@@ -328,6 +330,8 @@ class Stream:
                         return None
                 finally:
                     leave()
+                if rc < -1 and failed is not None:
+                    failed(rc)
             return checked(row)
         self.push = push
 

@@ -73,6 +73,7 @@ def test_lstm_a_native_bf16_streams_on_the_chain(bundles, target):
         d = s.describe()
         assert (d["executor"], d["layers"], d["window"], d["head"]) == ("chain", [100, 100], 50, "native")
         assert d["macs_run"] == {"critical": 80_100, "prepare": 5_880_000}
+        assert s._native._prog.warm_calls == 2        # both projections' weights read back after each prepare
         assert f"LSTM {target}" in d["isa"], d["isa"]
         compared = differ = 0
         for i, row in enumerate(rows):

@@ -47,12 +47,13 @@ SpecSrc = _struct("SpecSrc", "addr row_bytes lo")
 SpecCall = _struct("SpecCall", "fn handle out out_row_bytes a nsrc src0 use_ptrs")
 SpecBuf = _struct("SpecBuf", "addr row_bytes")
 SpecHead = _struct("SpecHead", "fn handle x y")
+SpecWarm = _struct("SpecWarm", "fn handle")
 
 
 class Spec(ctypes.Structure):
     _fields_ = [(f, _I64) for f in "T capacity P S row_floats row in_ in_row_bytes lstm proj proj_ld h_last".split()] \
         + [("calls", _I64 * 3), ("ncalls", _I64 * 3)] + \
-        [(f, _I64) for f in "srcs nsrcs bufs nbufs head nhead".split()]
+        [(f, _I64) for f in "srcs nsrcs bufs nbufs head nhead warm nwarm".split()]
 
 
 def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -162,13 +163,16 @@ class ChainProgram:
             ``srcs`` ``((addr, row_bytes, lo), ...)``, ``use_ptrs``: the kernel takes an array of input pointers).
         buffers: ``[(address, row_bytes), ...]`` of every distinct buffer along time.
         head: ``[(fn, handle, x_addr, y_addr), ...]`` on whole tensors, after the LSTM.
+        warm: ``[(fn, handle), ...]``, ``int fn(void*)`` run at the end of every prepare (``edgehft_conv_warm`` on
+            the convs the push runs: their weights back in the caches before the tick).
 
     Raises:
         InputError: the program refuses the spec (a size out of range, an empty buffer list);
         MemoryError: it cannot be allocated; BoardUnavailableError: no kernel library."""
 
     def __init__(self, *, window: int, capacity: int, lstm_prepared: int, lstm_steps: int, row: np.ndarray,
-                 input_buf, lstm, proj, h_last: np.ndarray, calls: dict, buffers, head, lib: ctypes.CDLL | None = None):
+                 input_buf, lstm, proj, h_last: np.ndarray, calls: dict, buffers, head, warm=(),
+                 lib: ctypes.CDLL | None = None):
         if row.dtype != np.float32 or row.ndim != 1 or not row.flags.c_contiguous:
             raise InputError(f"the staging row must be a contiguous (n,) float32 array, got {row.dtype} {row.shape}",
                              hint="np.zeros(n, np.float32)")
@@ -177,11 +181,12 @@ class ChainProgram:
         bufs = (SpecBuf * max(len(buffers), 1))(*[SpecBuf(int(a), int(rb)) for a, rb in buffers])
         heads = (SpecHead * max(len(head), 1))(*[SpecHead(address(f), address(h), int(x), int(y))
                                                  for f, h, x, y in head])
+        warms = (SpecWarm * max(len(warm), 1))(*[SpecWarm(address(f), address(h)) for f, h in warm])
         spec = Spec(T=int(window), capacity=int(capacity), P=int(lstm_prepared), S=int(lstm_steps),
                     row_floats=row.size, row=row.ctypes.data, in_=int(input_buf[0]), in_row_bytes=int(input_buf[1]),
                     lstm=address(lstm), proj=int(proj[0]), proj_ld=int(proj[1]), h_last=address(h_last),
                     srcs=ctypes.addressof(srcs), nsrcs=nsrcs, bufs=ctypes.addressof(bufs), nbufs=len(buffers),
-                    head=ctypes.addressof(heads), nhead=len(head))
+                    head=ctypes.addressof(heads), nhead=len(head), warm=ctypes.addressof(warms), nwarm=len(warm))
         for i, (arr, n) in enumerate(phase_arrays):
             spec.calls[i], spec.ncalls[i] = ctypes.addressof(arr), n
         h = lib.edgehft_chain_create(ctypes.byref(spec))
@@ -189,7 +194,7 @@ class ChainProgram:
             raise InputError("the native chain program refused the plan (a size out of range or no buffers)",
                              hint="rebuild the plan (edgehft.streaming.chain.build_plan)")
         self._h = ctypes.c_void_p(h)
-        self.window_rows, self.row_size = int(window), row.size
+        self.window_rows, self.row_size, self.warm_calls = int(window), row.size, len(warm)
         self._counts = (ctypes.c_uint64 * len(COUNTERS))()
         # the hot path's call, bound once: the staging row is the program's
         self.push_staged = functools.partial(lib.edgehft_chain_push, self._h)

@@ -15,7 +15,9 @@
 //               it): only the row, at input row `rows`.
 //   prepare:    base one row on (when the previous window was pushed); when the buffers are full, the last
 //               window (rows base - 1 .. base + T - 2 of every buffer) to their start, base = 1 (one copy of
-//               every window per (capacity - 1) * T ticks); the prepare (or cold) calls; the LSTM's first P steps.
+//               every window per (capacity - 1) * T ticks); the prepare (or cold) calls; the LSTM's first P steps
+//               and step P's recurrent sum; then the "warm" calls (edgehft_conv_warm on the critical path's convs:
+//               their weights read back into the caches, which prepare's own work evicts them from).
 // The kernels are the plan's own (function pointers of this library, the same handles), called in the plan's
 // order with the plan's pointers, so a push gives the bits the Python executor gave: predict's bits.
 //
@@ -57,6 +59,7 @@ struct SpecSrc { int64_t addr, row_bytes, lo; };
 struct SpecCall { int64_t fn, handle, out, out_row_bytes, a, nsrc, src0, use_ptrs; };   // srcs[src0 .. src0+nsrc)
 struct SpecBuf { int64_t addr, row_bytes; };
 struct SpecHead { int64_t fn, handle, x, y; };
+struct SpecWarm { int64_t fn, handle; };
 struct Spec {
     int64_t T, capacity, P, S, row_floats;     // window rows, windows per buffer, LSTM steps in prepare / in all,
                                                // the staging row's float32 values
@@ -64,6 +67,7 @@ struct Spec {
     int64_t lstm, proj, proj_ld, h_last;       // LSTM handle, its projections' buffer (rows of proj_ld floats), h
     int64_t calls[3], ncalls[3];               // SpecCall arrays: cold, prepare, critical
     int64_t srcs, nsrcs, bufs, nbufs, head, nhead;
+    int64_t warm, nwarm;                       // SpecWarm array: int fn(void* handle) run at the end of a prepare
 };
 
 enum Phase { kCold = 0, kPrepare = 1, kCritical = 2 };
@@ -76,6 +80,8 @@ struct Call {
 };
 struct Buf { char* addr; size_t row_bytes; };
 struct Head { KernelFn fn; void* h; const void* x; float* y; };
+typedef int (*WarmFn)(void*);
+struct Warm { WarmFn fn; void* h; };
 
 struct Program : Handoff {
     int64_t T = 0, cap = 0, P = 0, S = 0, row_n = 0;
@@ -91,6 +97,7 @@ struct Program : Handoff {
     std::vector<const void*> ptrs;
     std::vector<Buf> bufs;
     std::vector<Head> head;
+    std::vector<Warm> warm;                           // the critical path's kernels, warmed after each prepare
     // the executor's state: count (Handoff's) and win_lo are the pushing thread's; base, computed and prep_ok the
     // preparer's (handed over by `state`)
     int64_t base = 0, win_lo = 0;                     // window row 0 in buffer rows; the last pushed window's
@@ -150,6 +157,7 @@ void prepare_window(Program* s, uint64_t id) {
         prof_lap(s, s->calls[kPrepare].size(), t);
         s->prof_prepares += s->profiling;
     }
+    for (const Warm& w : s->warm) w.fn(w.h);      // the tick's weights back into the caches prepare evicted them from
     if (!ok) s->kernel_errors.fetch_add(1, std::memory_order_relaxed);
     s->prep_ok = ok;
     s->computed = false;
@@ -191,7 +199,7 @@ bool load_calls(Program* s, const Spec* sp, int phase, size_t* next_ptr) {
 bool load(Program* s, const Spec* sp) {
     if (sp->T < 1 || sp->capacity < 2 || sp->P < 0 || sp->P > sp->S || sp->S > sp->T || sp->row_floats < 1 ||
         !sp->row || !sp->in || !sp->lstm || !sp->proj || sp->proj_ld < 1 || !sp->h_last || sp->nsrcs < 0 ||
-        sp->nbufs < 1 || sp->nhead < 0)
+        sp->nbufs < 1 || sp->nhead < 0 || sp->nwarm < 0 || (sp->nwarm > 0 && !sp->warm))
         return false;
     s->T = sp->T; s->cap = sp->capacity; s->P = sp->P; s->S = sp->S; s->row_n = sp->row_floats;
     s->row = reinterpret_cast<const float*>(sp->row);
@@ -221,6 +229,11 @@ bool load(Program* s, const Spec* sp) {
     for (int64_t i = 0; i < sp->nhead; i++)
         s->head.push_back({reinterpret_cast<KernelFn>(hs[i].fn), reinterpret_cast<void*>(hs[i].handle),
                            reinterpret_cast<const void*>(hs[i].x), reinterpret_cast<float*>(hs[i].y)});
+    const SpecWarm* ws = reinterpret_cast<const SpecWarm*>(sp->warm);
+    for (int64_t i = 0; i < sp->nwarm; i++) {
+        if (!ws[i].fn) return false;
+        s->warm.push_back({reinterpret_cast<WarmFn>(ws[i].fn), reinterpret_cast<void*>(ws[i].handle)});
+    }
     return true;
 }
 
