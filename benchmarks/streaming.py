@@ -8,6 +8,8 @@ time; on the same core:
   push        ``stream.push(row)``: from the row handed to push to the output written (the critical path: the
               last step of each LSTM, its input projection and gates, and the head: 80,100 MACs run; each
               layer's recurrent sum h_48 @ U of that step runs in prepare, which the analysis' 160,100 counts)
+  library     the same pushes again, each timed inside the native library (``stream.time_pushes``: what a C or
+              C++ caller of the executor sees, without Python's row check, copy and call)
   prepare     ``stream.prepare()``: the next window's 49 steps of each layer (5.88 M MACs), run between ticks
   predict     ``runner.predict(window)``: the same plan on the whole 50-row window (8.0 M MACs)
 
@@ -133,11 +135,26 @@ def inline_pass(r, rows: np.ndarray, warmup: int, block: int = 500) -> dict:
         finally:
             gc.enable()
         c, d = s.counters, s.describe()
+        lib_ns = in_library(s, rows, warmup)
     both = np.add(push_ns, prep_ns)
     return {"push_us": pct(push_ns), "prepare_us": pct(prep_ns), "push_prepare_us": pct(both),
+            "library_us": pct(lib_ns) if len(lib_ns) else None,
             "predict_us": pct(pred_ns), "samples": len(push_ns),
             "prepared_ahead": c["prepared_ahead"], "prepared_late": c["prepared_late"], "isa": d["isa"],
             "head": d["head"], "macs": d["macs"], "macs_run": d.get("macs_run")}
+
+
+def in_library(s, rows: np.ndarray, warmup: int) -> np.ndarray:
+    """The same rows pushed again, each push timed inside the native library (``stream.time_pushes``: what a C or
+    C++ caller sees, no Python), prepare inline between them; ns of the outputs after ``warmup`` rows (empty when
+    the stream's head runs in LiteRT)."""
+    from edgehft.errors import InputError
+    try:
+        ns = s.time_pushes(np.ascontiguousarray(rows, np.float32))
+    except InputError:
+        return np.empty(0)
+    ns = ns[warmup:]
+    return ns[ns > 0]
 
 
 def thread_pass(r, rows: np.ndarray, core: int, gap_us: float, warmup: int) -> dict:
@@ -359,6 +376,7 @@ def print_report(rep: dict) -> None:
     print(f"{'':48}{'p50':>9}{'p99':>9}{'p99.9':>9}{'mean':>9}   µs")
     rows = (("full-window predict (same plan" + (f", {mm['window']})" if m else ")"), a["predict_us"]),
             ("stream push: tick to signal" + (f" ({mm['critical']})" if m else ""), a["push_us"]),
+            *((("  the same, timed in the library (no Python)", a["library_us"]),) if a.get("library_us") else ()),
             ("prepare per tick, between ticks" + (f" ({mm['prepare']})" if m else ""), a["prepare_us"]),
             ("push + prepare per tick (back to back)", a["push_prepare_us"]))
     for name, v in rows:
@@ -384,6 +402,9 @@ def print_report(rep: dict) -> None:
             print(f"  {name:44}{us:9.2f}")
         print(f"  {'edgehft stream push, this run':44}{a['push_us']['p99']:9.2f}   (in process: row in memory to "
               "output in memory, Python's push included; one core; no network or order path)")
+        if a.get("library_us"):
+            print(f"  {'edgehft native push (a C caller), this run':44}{a['library_us']['p99']:9.2f}   (the same, "
+                  "timed inside the library: no Python call, row check or copy)")
     print(f"load average {rep['load']}")
 
 

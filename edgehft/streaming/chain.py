@@ -607,6 +607,21 @@ class ChainExecutor:
         was already prepared)."""
         return self._prog.prepare()
 
+    def native_entry(self) -> dict:
+        """The C entry points a native caller pushes with (see :meth:`edgehft.streaming.stream.Stream.native_entry`)."""
+        lib, vp = self._prog._lib, ctypes.c_void_p
+        return {"handle": self._prog._h.value, "push": ctypes.cast(lib.edgehft_chain_push, vp).value,
+                "prepare": ctypes.cast(lib.edgehft_chain_prepare, vp).value, "row": self.row.ctypes.data,
+                "row_floats": self.row.size, "out": self.out.ctypes.data, "out_floats": self.out.size}
+
+    def time_pushes(self, rows: np.ndarray, ns: np.ndarray, prepare: bool = True) -> int:
+        """:meth:`ChainProgram.time_pushes <edgehft.kernels.cpu.chain_program.ChainProgram.time_pushes>`; raises
+        BoardUnavailableError when a kernel failed."""
+        n = self._prog.time_pushes(rows, ns, prepare)
+        if n < -1:
+            self.failed(n)
+        return n
+
     def profile(self, on: bool = True) -> None:
         """Op-by-op timing of prepare and push on (zeroed) or off (off by default: no clock on the hot path)."""
         self._prog.profile(on)

@@ -21,6 +21,10 @@ the form LSTM (-> LSTM ...) -> last step -> head, every LSTM from the zero state
   ``predict`` would take; ``stream.close()`` (or ``with``) stops the helper and frees the executor. A stream has
   its own executor (a copy of the weights) and head interpreter: the runner's ``predict`` keeps working beside
   it, and closing the runner does not close the stream.
+- ``stream.native_entry()`` gives a C or C++ caller the push and prepare entry points, the handle and the row and
+  output buffers' addresses, to push without Python (the contract is in its docstring).
+- ``stream.time_pushes(rows)`` pushes rows in turn, each push timed inside the native library (what a C or C++
+  caller of the executor sees, without Python's row check, copy and call): the benchmarks' second push row.
 
 Exactness: the executor runs the native LSTM kernel's own step code, so every push equals ``predict`` of the
 same plan on the same window bit for bit, on every dispatch target. The head: when the plan's head is a
@@ -54,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgehft.errors import InputError, NonFiniteInputError, RunnerStateError, ShapeError
+from edgehft.errors import DTypeError, InputError, NonFiniteInputError, RunnerStateError, ShapeError
 
 MODES = ("inline", "thread")
 CHAIN_FRONT = ("conv2d", "maxpool", "pad", "reshape", "concat", "fc", "softmax", "act")   # the chain executor
@@ -389,6 +393,68 @@ class Stream:
         """Run the ahead-of-tick work for the window the next push completes (waits if the helper thread is on
         it). Returns False while warming up (fewer than T-1 rows: nothing to prepare), else True."""
         return self._guarded("prepare")
+
+    def native_entry(self) -> dict:
+        """What a C or C++ caller needs to push this stream without Python (the lowest tick-to-signal this library
+        gives: Python's push adds its row check, copy and call), as integers (addresses):
+
+        * ``push``: ``int push(void* handle)``: pushes the row at ``row`` (``row_floats`` float32, written by the
+          caller first); returns 0 (the output is at ``out``, ``out_floats`` float32, valid until the next push),
+          1 warming up, -1 a NaN or infinity in the row (nothing kept), < -1 a kernel failed (no output);
+        * ``prepare``: ``int prepare(void* handle)``: the ahead-of-tick work (call it when idle; a push prepares
+          what is missing itself), 0 prepared, 1 warming up;
+        * ``handle``, ``row``, ``row_floats``, ``out``, ``out_floats``; ``library``: the kernel library's path.
+
+        The contract: the stream stays open (and this object alive) while the caller uses them; one thread at a
+        time pushes and prepares, and this object's own methods are not called meanwhile (the native calls take
+        no lock). Every push gives the bits :meth:`push` gives.
+
+        Raises:
+            InputError: the stream's head runs in LiteRT from Python (no native output); RunnerStateError:
+                closed or busy."""
+        if self.head == "litert":
+            raise InputError("this stream's head runs in LiteRT from Python after the native push: no native entry "
+                             "gives its output", hint="use stream.push")
+        from edgehft.kernels.cpu.build import load_library
+        entry = self._guarded("native_entry")
+        lib = load_library()
+        return {**entry, "library": str(getattr(lib, "_name", ""))}
+
+    def time_pushes(self, rows, prepare: bool = True) -> np.ndarray:
+        """Push ``rows`` in turn, each push timed inside the native library: what a C or C++ caller of the executor
+        sees (no Python call, no row check or copy in Python; the clock read just before and just after the native
+        push). For benchmarks (``benchmarks/streaming.py``'s "timed in the library" row) beside :meth:`push` timed
+        from Python. ``prepare``: :meth:`prepare` after each push (untimed), else the helper thread or the push
+        itself prepares. The stream then holds the last rows, as after as many pushes.
+
+        Args:
+            rows: ``(n, *row_shape)`` float32 (copied to a C-contiguous array when it is not one).
+
+        Returns:
+            ``(n,)`` uint64 ns per push, 0 for a push without an output (warming up, a non-finite row refused).
+
+        Raises:
+            ShapeError / DTypeError: rows of another shape or dtype; InputError: a stream whose head runs in LiteRT
+                (the library's push ends before it: time :meth:`push`); RunnerStateError: closed or busy;
+                BoardUnavailableError: a kernel failed."""
+        if not isinstance(rows, np.ndarray) or rows.dtype != np.float32:
+            raise DTypeError(f"rows must be a float32 numpy array, got {getattr(rows, 'dtype', type(rows).__name__)}",
+                             hint="rows.astype(np.float32)")
+        if rows.ndim < 1 or tuple(rows.shape[1:]) != tuple(self.plan.row_shape):
+            raise ShapeError(f"rows of shape {rows.shape}, expected (n, {', '.join(map(str, self.plan.row_shape))})",
+                             hint="one row per tick, stacked along axis 0")
+        if self.head == "litert":
+            raise InputError("this stream's head runs in LiteRT from Python after the native push: the library "
+                             "cannot time the whole tick", hint="time stream.push instead")
+        rows = np.ascontiguousarray(rows)
+        ns = np.zeros(rows.shape[0], np.uint64)
+        if not self._entry.acquire(False):
+            self._busy()
+        try:
+            self._native.time_pushes(rows.reshape(rows.shape[0], -1), ns, prepare)
+        finally:
+            self._entry.release()
+        return ns
 
     def reset(self) -> None:
         """Forget every row: warming up again (a prepare running on the helper finishes first). Counters stay."""

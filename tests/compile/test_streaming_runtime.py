@@ -305,3 +305,58 @@ def test_bench_streaming(bundles, tmp_path):
         ("critical", "LSTM layer 1 (100)"), ("critical", "head (FULLY_CONNECTED)")]
     assert all(o["us_per_tick"] > 0 for o in prof["ops"]) and prof["ticks"] == 2000
     assert prof["critical_us"] > 0 and prof["prepare_us"] > prof["critical_us"]   # 49 steps ahead, 1 on the tick
+
+
+@pytest.mark.parametrize("quant", ["native", "native-bf16"])
+def test_time_pushes_times_each_native_push_and_keeps_the_stream_exact(bundles, quant):
+    """stream.time_pushes (the benchmarks' "timed in the library" row) on both executors (lstm-stack: native,
+    chain: native-bf16): one ns figure per row, 0 for the T - 1 rows that warm up and for a refused NaN row, a
+    positive one for every output; the stream then holds those rows, so the next push equals predict of its
+    window; bad arguments get predict's error types and push keeps working."""
+    rows = _rows(120, F_A, seed=9)
+    rows[80, 3] = np.nan
+    r = runtime.open(bundles("lstm_a", quant))
+    with r, r.stream() as s:
+        ns = s.time_pushes(rows)
+        assert ns.dtype == np.uint64 and ns.shape == (120,)
+        assert not ns[:T_A - 1].any() and ns[80] == 0
+        outputs = [i for i in range(T_A - 1, 120) if i != 80]
+        assert (ns[outputs] > 0).all()
+        assert s.counters["bad_rows"] == 1
+        clean = np.delete(rows, 80, axis=0)
+        nxt = _rows(1, F_A, seed=10)[0]
+        y = s.push(nxt).copy()
+        assert np.array_equal(y, r.predict(np.concatenate([clean[-(T_A - 1):], nxt[None]])))
+        with pytest.raises(DTypeError):
+            s.time_pushes(rows.astype(np.float64))
+        with pytest.raises(ShapeError):
+            s.time_pushes(rows[:, :50])
+        assert s.push(nxt) is not None
+
+
+@pytest.mark.parametrize("quant", ["native", "native-bf16"])
+def test_native_entry_pushes_from_c_give_predicts_bits(bundles, quant):
+    """stream.native_entry(): a C caller's view (here ctypes on the raw addresses, no edgehft Python in the loop):
+    write the row at `row`, call push(handle), read `out`. Warming up returns 1, a NaN row -1 (not kept), then every
+    output equals predict of its window bit for bit, on both executors."""
+    import ctypes
+    rows = _rows(70, F_A, seed=11)
+    r = runtime.open(bundles("lstm_a", quant))
+    with r, r.stream() as s:
+        e = s.native_entry()
+        assert e["row_floats"] == F_A and e["out_floats"] == 1 and e["library"].endswith(".so")
+        push = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(e["push"])
+        prepare = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(e["prepare"])
+        row = np.ctypeslib.as_array((ctypes.c_float * e["row_floats"]).from_address(e["row"]))
+        out = np.ctypeslib.as_array((ctypes.c_float * e["out_floats"]).from_address(e["out"]))
+        differ = 0
+        for i, x in enumerate(rows):
+            row[:] = x
+            rc = push(e["handle"])
+            assert rc == (1 if i + 1 < T_A else 0), (i, rc)
+            if rc == 0:
+                differ += not np.array_equal(out.reshape(1, 1), r.predict(rows[i - T_A + 1:i + 1]))
+            prepare(e["handle"])
+        assert differ == 0
+        row[:] = np.nan
+        assert push(e["handle"]) == -1 and s.rows == 70

@@ -69,7 +69,8 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
                             ("edgehft_chain_profile_read", i32, [vp, vp, i32]),
                             ("edgehft_chain_lstm_call_create", vp, [vp, i32, i32, i32, i32, i32]),
                             ("edgehft_chain_lstm_call", i32, [vp, vp, vp]),
-                            ("edgehft_chain_lstm_call_destroy", None, [vp])):
+                            ("edgehft_chain_lstm_call_destroy", None, [vp]),
+                            ("edgehft_chain_time_pushes", ctypes.c_int64, [vp, vp, ctypes.c_int64, vp, i32])):
         getattr(lib, name).restype = res
         getattr(lib, name).argtypes = args
     lib._edgehft_chain_typed = True
@@ -203,6 +204,13 @@ class ChainProgram:
         """The next window's rows and LSTM steps that do not need its newest row (waits for the helper if it is
         on them). False while fewer than T - 1 rows were pushed (nothing to prepare), else True."""
         return self._lib.edgehft_chain_prepare(self._h) == 0
+
+    def time_pushes(self, rows: np.ndarray, ns: np.ndarray, prepare: bool = True) -> int:
+        """Push ``rows`` (``(n, row)`` float32, C-contiguous) in turn, each timed inside the library into ``ns``
+        (``(n,)`` uint64: ns, 0 for a push without an output), ``prepare`` after each (untimed). Returns the
+        number of outputs, or -2 when a kernel failed (``edgehft_chain_time_pushes``)."""
+        return int(self._lib.edgehft_chain_time_pushes(self._h, rows.ctypes.data, rows.shape[0], ns.ctypes.data,
+                                                       int(bool(prepare))))
 
     def reset(self) -> None:
         """Forget every row (warming up again; a prepare running on the helper finishes first); counters stay."""

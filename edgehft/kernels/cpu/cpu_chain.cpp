@@ -324,6 +324,19 @@ int edgehft_chain_prepare(void* p) {
     return 0;
 }
 
+// n rows (row_floats float32 each, one after another) pushed in turn, each push timed inside the library (what a
+// native caller sees, no Python; cpu_handoff.h's time_pushes): ns[i] the push's ns when it gave an output, else
+// 0; prepare_between: edgehft_chain_prepare after each (untimed). The rows go through the staging row. Returns
+// the number of outputs, or -2 when a kernel failed (the loop stops there).
+int64_t edgehft_chain_time_pushes(void* p, const float* rows, int64_t n, uint64_t* ns, int prepare_between) {
+    Program* s = static_cast<Program*>(p);
+    float* staging = const_cast<float*>(s->row);      // the caller's staging row: writable memory it lent us
+    const size_t row_n = (size_t)s->row_n;
+    return time_pushes(
+        n, [&](int64_t i) { memcpy(staging, rows + (size_t)i * row_n, sizeof(float) * row_n); },
+        [&] { return edgehft_chain_push(p); }, [&] { edgehft_chain_prepare(p); }, ns, prepare_between != 0);
+}
+
 // Forget every row (a prepare running on the helper finishes first). Counters are kept.
 void edgehft_chain_reset(void* p) {
     Program* s = static_cast<Program*>(p);

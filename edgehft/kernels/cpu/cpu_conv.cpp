@@ -782,11 +782,8 @@ int edgehft_conv_warm(void* h) {
     const char* w = (k->amx || k->dpbf16) ? reinterpret_cast<const char*>(k->wt) : reinterpret_cast<const char*>(k->wf);
     const size_t n = (k->amx || k->dpbf16) ? static_cast<size_t>(k->kh) * k->KB * Cop * 32 * 2
                                            : static_cast<size_t>(k->kh) * k->kw * k->C * Cop * sizeof(float);
-    unsigned sum = 0;
-    for (size_t i = 0; i < n; i += 64) sum += static_cast<unsigned char>(w[i]);
-    const char* b = reinterpret_cast<const char*>(k->bias);
-    for (size_t i = 0; i < Cop * sizeof(float); i += 64) sum += static_cast<unsigned char>(b[i]);
-    __asm__ volatile("" : : "r"(sum));       // the loads happen (their values are not needed)
+    warm_lines(w, n);
+    warm_lines(k->bias, Cop * sizeof(float));
     return 0;
 }
 

@@ -104,6 +104,15 @@ int simd_slot(int slot);
 // Whether this CPU (and OS) runs the slot.
 bool slot_supported(int slot);
 
+// Read one byte of every 64-byte line of [p, p + bytes): the memory back into the core's caches (prepare ends with
+// the weights the tick reads, which its own work may have evicted). Changes nothing.
+inline void warm_lines(const void* p, size_t bytes) {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    unsigned sum = 0;
+    for (size_t i = 0; i < bytes; i += 64) sum += b[i];
+    __asm__ volatile("" : : "r"(sum));
+}
+
 }  // namespace edgehft
 
 // One table entry per slot, as the kernel families' tables are laid out: NAME's per-target copy

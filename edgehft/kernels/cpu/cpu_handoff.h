@@ -107,6 +107,27 @@ inline int profile_get(const Handoff* s, uint64_t* out, int cap) {
     return (int)s->prof.size();
 }
 
+// Pushes timed as a native caller sees them (edgehft_*_time_pushes): for row i < n, stage(i) puts it where the push
+// reads it (untimed), then ns[i] = the push's own duration (the clock read just before and just after it) when it
+// gave an output, 0 when it did not (warming up, a refused row); with prepare_between, prepare() runs after each
+// push (untimed: the idle time before the next tick). push returns the executor's code; a code below -1 (a kernel
+// failed) stops the loop and is returned; else the number of outputs.
+template <typename Stage, typename Push, typename Prep>
+int64_t time_pushes(int64_t n, Stage&& stage, Push&& push, Prep&& prepare, uint64_t* ns, bool prepare_between) {
+    int64_t outputs = 0;
+    for (int64_t i = 0; i < n; i++) {
+        stage(i);
+        const uint64_t t0 = now_ns();
+        const int rc = push();
+        const uint64_t t1 = now_ns();
+        if (rc < -1) return rc;
+        ns[i] = rc == 0 ? t1 - t0 : 0;
+        outputs += rc == 0;
+        if (prepare_between) prepare();
+    }
+    return outputs;
+}
+
 // A prepare of dt ns done (the counters edgehft_*_counters reports).
 inline void record_prepare(Handoff* s, uint64_t dt) {
     s->prepares.fetch_add(1, std::memory_order_relaxed);

@@ -115,6 +115,8 @@ struct Layer {
 
 struct Stream : Handoff {
     int T = 0, in0 = 0, nl = 0, slot = 0, M = 0, Mp = 0, out_mode = 0;
+    const float* staged = nullptr;                    // edgehft_stream_stage: the row and output buffers a caller
+    float* staged_out = nullptr;                      // lent for edgehft_stream_push_staged
     const lstm::Fns* fn = nullptr;
     const stream::Fns* hf = nullptr;
     Layer* L = nullptr;
@@ -165,6 +167,7 @@ void prepare_window(Stream* s, uint64_t id) {
         if (n > 0) s->fn->recurrent(y.seq + (size_t)(n - 1) * y.Hp, y.H, y.Np, y.U, y.R);   // step T-1's h @ U
         prof_lap(s, (size_t)l, t_prof);                                  // profile slot l: layer l's prepare
     }
+    warm_lines(s->L[0].W, sizeof(float) * (size_t)s->L[0].in * s->L[0].Np);   // the tick's x @ W0, which prepare never reads
     s->prof_prepares += s->profiling;
     record_prepare(s, now_ns() - t_start);
 }
@@ -303,6 +306,22 @@ int edgehft_stream_push(void* p, const float* row, float* out) {
     return 0;
 }
 
+// Lend the stream a staging row (in0 float32) and an output buffer for edgehft_stream_push_staged (the calling
+// convention of edgehft_chain_push: a caller writes the row, then pushes with the handle alone). They must stay
+// valid while the stream is pushed that way.
+void edgehft_stream_stage(void* p, const float* row, float* out) {
+    Stream* s = static_cast<Stream*>(p);
+    s->staged = row;
+    s->staged_out = out;
+}
+
+// edgehft_stream_push on the staged row and output (edgehft_stream_stage; -3 when none was staged).
+int edgehft_stream_push_staged(void* p) {
+    Stream* s = static_cast<Stream*>(p);
+    if (!s->staged || !s->staged_out) return -3;
+    return edgehft_stream_push(p, s->staged, s->staged_out);
+}
+
 // The ahead-of-tick work for the window the next push completes (waits if the helper is on it). Returns 0 when
 // that window is prepared, 1 when it needs more rows first (warming up: nothing to prepare).
 int edgehft_stream_prepare(void* p) {
@@ -310,6 +329,18 @@ int edgehft_stream_prepare(void* p) {
     if (s->count + 1 < (uint64_t)s->T) return 1;
     claim_and_prepare(s, s->count);
     return 0;
+}
+
+// n rows (in0 float32 each, one after another) pushed in turn, each push timed inside the library (what a native
+// caller sees, no Python; cpu_handoff.h's time_pushes), outputs to out: ns[i] the push's ns when it gave an
+// output, else 0; prepare_between: edgehft_stream_prepare after each (untimed). Returns the number of outputs.
+int64_t edgehft_stream_time_pushes(void* p, const float* rows, int64_t n, float* out, uint64_t* ns,
+                                   int prepare_between) {
+    const size_t in0 = (size_t)static_cast<Stream*>(p)->in0;
+    const float* row = rows;
+    return time_pushes(
+        n, [&](int64_t i) { row = rows + (size_t)i * in0; }, [&] { return edgehft_stream_push(p, row, out); },
+        [&] { edgehft_stream_prepare(p); }, ns, prepare_between != 0);
 }
 
 // Forget every row (a prepare running on the helper finishes first). Counters are kept.

@@ -51,6 +51,12 @@ def load_library(cache_dir=None) -> ctypes.CDLL:
                             ("edgehft_stream_destroy", None, [vp])):
         getattr(lib, name).restype = res
         getattr(lib, name).argtypes = args
+    lib.edgehft_stream_stage.restype = None
+    lib.edgehft_stream_stage.argtypes = [vp, vp, vp]
+    lib.edgehft_stream_push_staged.restype = i32
+    lib.edgehft_stream_push_staged.argtypes = [vp]
+    lib.edgehft_stream_time_pushes.restype = ctypes.c_int64
+    lib.edgehft_stream_time_pushes.argtypes = [vp, vp, ctypes.c_int64, vp, vp, i32]
     lib.edgehft_stream_profile.restype = i32
     lib.edgehft_stream_profile.argtypes = [vp, i32]
     lib.edgehft_stream_profile_read.restype = i32
@@ -186,6 +192,7 @@ class NativeStream:
         self.helper_core: int | None = None
         # the hot path's call, bound once: push the staging row, write out
         self.push_staged = _bound(lib.edgehft_stream_push, self._h, self.row, self.out)
+        lib.edgehft_stream_stage(self._h, self.row.ctypes.data, self.out.ctypes.data)   # for native_entry's callers
 
     def push(self, row: np.ndarray):
         """One row: ``(in,)`` float32. Returns :attr:`out` for the window ending at this row, or None while
@@ -206,6 +213,21 @@ class NativeStream:
         """The next window's steps that do not need its newest row (waits for the helper if it is on them).
         Returns False while warming up (too few rows for anything to prepare), else True."""
         return self._lib.edgehft_stream_prepare(self._h) == 0
+
+    def native_entry(self) -> dict:
+        """The C entry points a native caller pushes with (see :meth:`edgehft.streaming.stream.Stream.native_entry`)."""
+        vp = ctypes.c_void_p
+        return {"handle": self._h.value, "push": ctypes.cast(self._lib.edgehft_stream_push_staged, vp).value,
+                "prepare": ctypes.cast(self._lib.edgehft_stream_prepare, vp).value,
+                "row": self.row.ctypes.data, "row_floats": self.row.size, "out": self.out.ctypes.data,
+                "out_floats": self.out.size}
+
+    def time_pushes(self, rows: np.ndarray, ns: np.ndarray, prepare: bool = True) -> int:
+        """Push ``rows`` (``(n, in)`` float32, C-contiguous) in turn, each timed inside the library into ``ns``
+        (``(n,)`` uint64: ns, 0 for a push without an output), outputs to :attr:`out`, ``prepare`` after each
+        (untimed). Returns the number of outputs (``edgehft_stream_time_pushes``)."""
+        return int(self._lib.edgehft_stream_time_pushes(self._h, rows.ctypes.data, rows.shape[0], self.out.ctypes.data,
+                                                        ns.ctypes.data, int(bool(prepare))))
 
     def reset(self) -> None:
         """Forget every row (warming up again); counters are kept."""
