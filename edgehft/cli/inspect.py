@@ -20,7 +20,17 @@ def _bundle_report(bundle, report_type):
         BundleError: the file is not a report of this edgehft's schema (exit 6).
     """
     from pydantic import ValidationError
+    from edgehft.bundle import REPORT
     from edgehft.errors import BundleError
+    path = Path(bundle.path)
+    if not (path / REPORT).is_file():
+        top = path.parent.parent
+        if path.parent.name == "plans" and (top / REPORT).is_file():
+            raise BundleError(f"{path} is plan {path.name!r} of the bundle {top}: a plan has no report of its own",
+                              hint=f"edgehft report {top} (its plan section lists every plan measured); "
+                                   f"edgehft report {top} --streaming --plan {path.name}")
+        raise BundleError(f"{path} has no {REPORT}",
+                          hint="compile the bundle again (the report is written by `edgehft compile`)")
     try:
         return report_type(**bundle.report())
     except (ValidationError, TypeError) as exc:

@@ -109,6 +109,17 @@ def test_an_unknown_plan_is_exit_3_listing_the_plans(lstm_auto):
     assert "Traceback" not in res.output
 
 
+def test_report_on_a_plan_directory_points_to_its_bundle(lstm_auto):
+    """`edgehft report BUNDLE/plans/X`: a plan has no report.json of its own; exit 6 naming the plan and the bundle,
+    with the commands that show it (not a schema error about an empty report)."""
+    name = load_bundle(lstm_auto).plan_names()[-1]
+    res = CliRunner().invoke(main, ["report", str(lstm_auto / "plans" / name)])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 6, res.output
+    assert f"is plan '{name}' of the bundle {lstm_auto}" in text and f"--streaming --plan {name}" in text
+    assert "validation error" not in text and "Traceback" not in res.output
+
+
 def _rehash(bundle: Path, sub: str | None = None) -> None:
     """Re-hash the sub-bundle ``plans/<sub>``'s manifest (if given), then the top manifest."""
     dirs = ([bundle / "plans" / sub] if sub else []) + [bundle]
