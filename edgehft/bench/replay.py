@@ -239,25 +239,32 @@ def check_plot_target(path: str) -> None:
     missing or read-only directory, or a directory where the file should be.
 
     Raises:
-        InputError: naming the path and how to fix it.
+        MissingExtraError (exit 7): no matplotlib (the ``bench`` extra); click.BadParameter (exit 2, as
+            ``--export-times`` and ``--export-profile``): not a .png path, a directory that does not exist, or
+            a place no file can be written.
     """
     import importlib.util
     from pathlib import Path
+
+    import click
+    from edgehft.errors import MissingExtraError
     if importlib.util.find_spec("matplotlib") is None:
-        raise InputError("--plot needs matplotlib", hint="pip install 'edgehft[bench]'")
+        raise MissingExtraError("--plot needs matplotlib", hint="pip install 'edgehft[bench]'")
     target = Path(path)
     parent = target.resolve().parent
     if target.suffix.lower() != ".png":
-        raise InputError(f"--plot {path}: the plot is a PNG file", hint=f"--plot {target.with_suffix('.png')}")
+        raise click.BadParameter(f"{path}: the plot is a PNG file (e.g. {target.with_suffix('.png')})",
+                                 param_hint="--plot")
     if not parent.is_dir():
-        raise InputError(f"--plot {path}: the directory {parent} does not exist", hint=f"mkdir -p {parent}")
+        raise click.BadParameter(f"{path}: the directory {parent} does not exist (mkdir -p {parent})",
+                                 param_hint="--plot")
     existed = target.exists()
     try:
         with open(target, "ab"):            # the real test of writability (os.access is not, e.g. in /proc)
             pass
     except OSError as exc:
-        raise InputError(f"--plot {path}: cannot write a file there ({exc.strerror or exc})",
-                         hint="give a writable PNG file path") from None
+        raise click.BadParameter(f"{path}: cannot write a file there ({exc.strerror or exc}); give a writable "
+                                 "PNG file path", param_hint="--plot") from None
     if not existed:
         target.unlink()
 
@@ -275,7 +282,8 @@ def histogram_png(result: ReplayResult, path: str, title: str, percentiles=PERCE
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise InputError("--plot needs matplotlib", hint="pip install 'edgehft[bench]'") from exc
+        from edgehft.errors import MissingExtraError
+        raise MissingExtraError("--plot needs matplotlib", hint="pip install 'edgehft[bench]'") from exc
     us = np.sort(np.asarray(result.latency_ns, np.float64)) / 1e3
     n = len(us)
     colors = plt.get_cmap("tab10").colors                      # ten distinct colours, the curve's blue left out
