@@ -237,7 +237,30 @@ def open_stream(runner, prepare: str = "inline", core: int | None = None, spin_u
                              hint=f"CPUs this process may use: {sorted(os.sched_getaffinity(0))}")
     if isinstance(spin_us, bool) or not isinstance(spin_us, (int, np.integer)) or spin_us < 0:
         raise InputError(f"spin_us {spin_us!r}: a whole number of µs >= 0")
-    return Stream(runner, read_plan(runner), prepare, None if core is None else int(core), int(spin_us))
+    try:
+        plan = read_plan(runner)
+    except InputError as exc:
+        raise _with_other_plans(exc, runner) from None
+    return Stream(runner, plan, prepare, None if core is None else int(core), int(spin_us))
+
+
+def _with_other_plans(exc: InputError, runner) -> InputError:
+    """``exc`` with, in its hint, the bundle's other native plans (the stream executor's), when it carries some:
+    a bundle compiled with ``--quant auto`` whose chosen plan does not stream may hold one that does."""
+    bundle = runner.bundle
+    top = bundle.path.parent.parent if bundle.path.parent.name == "plans" else bundle.path
+    try:
+        from edgehft.bundle import load_bundle
+        names = load_bundle(top).plan_names() if top != bundle.path else bundle.plan_names()
+    except Exception:  # noqa: BLE001 - only a hint: a bundle whose plans cannot be listed gets none
+        return exc
+    current = getattr(runner, "plan", None)
+    others = [n for n in names if n.startswith("native") and n != current]
+    if not others:
+        return exc
+    tries = "; ".join(f"runtime.open({str(top)!r}, plan={n!r}).stream()" for n in others)
+    return InputError(str(exc).split("\n")[0], hint=f"this bundle also carries plan(s) {', '.join(others)}, which "
+                      f"may stream: {tries} (or edgehft bench {top} --plan NAME --streaming); {exc.hint}")
 
 
 class Stream:

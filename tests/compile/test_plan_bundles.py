@@ -120,6 +120,22 @@ def test_report_on_a_plan_directory_points_to_its_bundle(lstm_auto):
     assert "validation error" not in text and "Traceback" not in res.output
 
 
+def test_a_plan_that_does_not_stream_names_the_bundles_native_plans(lstm_auto):
+    """runner.stream() on a LiteRT plan of a bundle that also carries a native plan: refused (exit 3), and the hint
+    names the native plan(s) to open instead, with the call."""
+    names = load_bundle(lstm_auto).plan_names()
+    native = [n for n in names if n.startswith("native")]
+    litert = [n for n in names if n in ("float", "int8", "dynamic")]
+    if not native or not litert:
+        pytest.skip(f"the bundle carries {names}: no native plan beside a LiteRT one (no g++?)")
+    with runtime.open(lstm_auto, plan=litert[0]) as r:
+        with pytest.raises(InputError) as e:
+            r.stream()
+    assert e.value.exit_code == 3 and "runs plan" in str(e.value)
+    assert all(f"plan={n!r}).stream()" in e.value.hint for n in native), e.value.hint
+    assert str(lstm_auto) in e.value.hint
+
+
 def _rehash(bundle: Path, sub: str | None = None) -> None:
     """Re-hash the sub-bundle ``plans/<sub>``'s manifest (if given), then the top manifest."""
     dirs = ([bundle / "plans" / sub] if sub else []) + [bundle]
