@@ -534,7 +534,8 @@ def _program(plan: Plan, row: np.ndarray):
 
 def _warm_calls(plan: Plan) -> list:
     """``[(edgehft_conv_warm, handle), ...]``: each conv the critical calls run, once: the program reads its
-    weights back into the caches at the end of every prepare. On LSTM_A's native-bf16 plan (the first layer's
+    weights back into the caches at the end of every inline prepare (not on a helper thread, whose core's caches
+    are not the pushing core's). On LSTM_A's native-bf16 plan (the first layer's
     projection weights are never read by prepare) this took the native push's p99 from 6.3-6.7 to 4.2-5.1 µs on
     an AMD Zen 4 core (p50 3.0 -> 2.8 µs)."""
     from edgehft.kernels.cpu.chain_program import address
@@ -580,12 +581,12 @@ class ChainExecutor:
         def push_staged() -> int:
             rc = call()
             if rc < -1:
-                self.failed(rc)
+                self.raise_failed(rc)
             return rc
         self.push_staged = push_staged
 
     @staticmethod
-    def failed(rc: int):
+    def raise_failed(rc: int):
         """Raise what a push that returned ``rc`` < -1 means: BoardUnavailableError (a kernel failed)."""
         from edgehft.errors import BoardUnavailableError
         raise BoardUnavailableError(f"a kernel of the chain failed on this push or its prepare (code {rc}: out of "
@@ -609,17 +610,19 @@ class ChainExecutor:
 
     def native_entry(self) -> dict:
         """The C entry points a native caller pushes with (see :meth:`edgehft.streaming.stream.Stream.native_entry`)."""
-        lib, vp = self._prog._lib, ctypes.c_void_p
-        return {"handle": self._prog._h.value, "push": ctypes.cast(lib.edgehft_chain_push, vp).value,
-                "prepare": ctypes.cast(lib.edgehft_chain_prepare, vp).value, "row": self.row.ctypes.data,
-                "row_floats": self.row.size, "out": self.out.ctypes.data, "out_floats": self.out.size}
+        from edgehft.kernels.cpu.stream import entry
+        lib = self._prog._lib
+        return entry(self._prog._h, lib.edgehft_chain_push, lib.edgehft_chain_prepare, self.row, self.out)
 
     def time_pushes(self, rows: np.ndarray, ns: np.ndarray, prepare: bool = True) -> int:
         """:meth:`ChainProgram.time_pushes <edgehft.kernels.cpu.chain_program.ChainProgram.time_pushes>`; raises
-        BoardUnavailableError when a kernel failed."""
+        BoardUnavailableError when a kernel failed, RunnerStateError when closed."""
+        if self._prog is None:
+            from edgehft.errors import RunnerStateError
+            raise RunnerStateError("the executor is closed", hint="open another stream")
         n = self._prog.time_pushes(rows, ns, prepare)
         if n < -1:
-            self.failed(n)
+            self.raise_failed(n)
         return n
 
     def profile(self, on: bool = True) -> None:

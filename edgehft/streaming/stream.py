@@ -337,7 +337,7 @@ class Stream:
         which raises predict's errors."""
         nat = self._native
         call = getattr(nat, "push_raw", nat.push_staged)      # the chain's bare native call (no Python frame)
-        failed = getattr(nat, "failed", None)
+        failed = getattr(nat, "raise_failed", None)
         shapes, dests = self._slot.shapes, {s: self._native.row.reshape(s) for s in self._slot.shapes}
         f32, ndarray, copyto = np.dtype(np.float32), np.ndarray, np.copyto
         enter, leave, busy, checked = self._entry.acquire, self._entry.release, self._busy, self._push_checked
@@ -402,12 +402,12 @@ class Stream:
         raise RunnerStateError(f"the stream on {self.bundle.path} is already running a call in another thread",
                                hint="a stream serves one thread: push, prepare and reset from the same one")
 
-    def _guarded(self, method: str):
-        """The executor's ``method()`` under the entry guard (RunnerStateError when closed or busy)."""
+    def _guarded(self, method: str, *args):
+        """The executor's ``method(*args)`` under the entry guard (RunnerStateError when closed or busy)."""
         if not self._entry.acquire(False):
             self._busy()
         try:
-            return getattr(self._native, method)()
+            return getattr(self._native, method)(*args)
         finally:
             self._entry.release()
 
@@ -417,9 +417,9 @@ class Stream:
         it). Returns False while warming up (fewer than T-1 rows: nothing to prepare), else True."""
         return self._guarded("prepare")
 
-    def native_entry(self) -> dict:
+    def native_entry(self) -> "NativeEntry":
         """What a C or C++ caller needs to push this stream without Python (the lowest tick-to-signal this library
-        gives: Python's push adds its row check, copy and call), as integers (addresses):
+        gives: Python's push adds its row check, copy and call), as a dict of integers (addresses):
 
         * ``push``: ``int push(void* handle)``: pushes the row at ``row`` (``row_floats`` float32, written by the
           caller first); returns 0 (the output is at ``out``, ``out_floats`` float32, valid until the next push),
@@ -428,20 +428,21 @@ class Stream:
           what is missing itself), 0 prepared, 1 warming up;
         * ``handle``, ``row``, ``row_floats``, ``out``, ``out_floats``; ``library``: the kernel library's path.
 
-        The contract: the stream stays open (and this object alive) while the caller uses them; one thread at a
-        time pushes and prepares, and this object's own methods are not called meanwhile (the native calls take
-        no lock). Every push gives the bits :meth:`push` gives.
+        The contract: the addresses are valid while the stream is open. The returned dict holds a reference to the
+        stream, so the stream is not collected while the dict lives; keep it (or the stream) for as long as the
+        caller pushes, and close the stream only after the caller's last call. One thread at a time pushes and
+        prepares, and this object's own methods are not called meanwhile (the native calls take no lock). Every
+        push gives the bits :meth:`push` gives.
 
         Raises:
-            InputError: the stream's head runs in LiteRT from Python (no native output); RunnerStateError:
-                closed or busy."""
+            RunnerStateError: closed or busy; InputError: the stream's head runs in LiteRT from Python (no native
+                output)."""
+        entry = self._guarded("native_entry")
         if self.head == "litert":
             raise InputError("this stream's head runs in LiteRT from Python after the native push: no native entry "
                              "gives its output", hint="use stream.push")
         from edgehft.kernels.cpu.build import load_library
-        entry = self._guarded("native_entry")
-        lib = load_library()
-        return {**entry, "library": str(getattr(lib, "_name", ""))}
+        return NativeEntry(self, {**entry, "library": str(getattr(load_library(), "_name", ""))})
 
     def time_pushes(self, rows, prepare: bool = True) -> np.ndarray:
         """Push ``rows`` in turn, each push timed inside the native library: what a C or C++ caller of the executor
@@ -451,32 +452,36 @@ class Stream:
         itself prepares. The stream then holds the last rows, as after as many pushes.
 
         Args:
-            rows: ``(n, *row_shape)`` float32 (copied to a C-contiguous array when it is not one).
+            rows: ``(n, *row_shape)`` or ``(n, 1, *row_shape)`` float32 (copied to a C-contiguous array when it is
+                not one); n may be 0.
+            prepare: a bool.
 
         Returns:
             ``(n,)`` uint64 ns per push, 0 for a push without an output (warming up, a non-finite row refused).
 
         Raises:
-            ShapeError / DTypeError: rows of another shape or dtype; InputError: a stream whose head runs in LiteRT
-                (the library's push ends before it: time :meth:`push`); RunnerStateError: closed or busy;
-                BoardUnavailableError: a kernel failed."""
-        if not isinstance(rows, np.ndarray) or rows.dtype != np.float32:
-            raise DTypeError(f"rows must be a float32 numpy array, got {getattr(rows, 'dtype', type(rows).__name__)}",
-                             hint="rows.astype(np.float32)")
-        if rows.ndim < 1 or tuple(rows.shape[1:]) != tuple(self.plan.row_shape):
-            raise ShapeError(f"rows of shape {rows.shape}, expected (n, {', '.join(map(str, self.plan.row_shape))})",
+            RunnerStateError: closed or busy; ShapeError / DTypeError: rows of another shape or dtype; InputError:
+                a non-bool ``prepare``, or a stream whose head runs in LiteRT (the library's push ends before it:
+                time :meth:`push`); BoardUnavailableError: a kernel failed."""
+        if self.closed:
+            self._busy()                                     # RunnerStateError: closed, before any argument check
+        shape = tuple(self.plan.row_shape)
+        if not isinstance(prepare, (bool, np.bool_)):
+            raise InputError(f"prepare={prepare!r}: True or False", hint="True: prepare inline after each push")
+        if not isinstance(rows, np.ndarray):
+            raise DTypeError(f"rows must be a numpy array, got {type(rows).__name__}", hint="np.asarray(rows, np.float32)")
+        if rows.dtype != np.float32:
+            raise DTypeError(f"rows must be float32, got {rows.dtype}", hint="rows.astype(np.float32)")
+        if rows.ndim < 1 or tuple(rows.shape[1:]) not in (shape, (1, *shape)):
+            raise ShapeError(f"rows of shape {rows.shape}, expected (n, {', '.join(map(str, shape))})",
                              hint="one row per tick, stacked along axis 0")
         if self.head == "litert":
             raise InputError("this stream's head runs in LiteRT from Python after the native push: the library "
                              "cannot time the whole tick", hint="time stream.push instead")
-        rows = np.ascontiguousarray(rows)
-        ns = np.zeros(rows.shape[0], np.uint64)
-        if not self._entry.acquire(False):
-            self._busy()
-        try:
-            self._native.time_pushes(rows.reshape(rows.shape[0], -1), ns, prepare)
-        finally:
-            self._entry.release()
+        flat = np.ascontiguousarray(rows.reshape(rows.shape[0], int(np.prod(shape, dtype=np.int64))))
+        ns = np.zeros(flat.shape[0], np.uint64)
+        if len(flat):
+            self._guarded("time_pushes", flat, ns, bool(prepare))
         return ns
 
     def reset(self) -> None:
@@ -526,12 +531,7 @@ class Stream:
     def profile(self, on: bool = True) -> None:
         """Op-by-op timing of prepare and push on (zeroed) or off; off by default (no clock read on the hot path).
         Raises InputError for a stream whose prepare runs on its helper thread (``prepare="thread"``)."""
-        if not self._entry.acquire(False):
-            self._busy()
-        try:
-            self._native.profile(on)
-        finally:
-            self._entry.release()
+        self._guarded("profile", on)
 
     def profile_ops(self) -> list[dict]:
         """Since :meth:`profile` turned on: per op of the prepare and the critical path (``phase``, ``op``,
@@ -541,8 +541,9 @@ class Stream:
 
     def describe(self) -> dict:
         """What the stream runs: mode, core, isa, window, head (native | litert) and its check, the analysis'
-        MACs per tick (critical / prepare / whole window) and, for a chain, the MACs its kernels run per tick
-        (``macs_run``: critical / prepare, after the kernel-row split; :meth:`edgehft.streaming.chain.Plan.macs_run`)."""
+        MACs per tick (critical / prepare / whole window) and the MACs its kernels run per tick (``macs_run``:
+        critical / prepare, with the last steps' recurrent sums in prepare and, for a chain, after the kernel-row
+        split; :meth:`edgehft.streaming.chain.Plan.macs_run`)."""
         a = self.plan.analysis
         return {"prepare": self.mode, "core": self.core, "isa": self.isa, "window": self.window_rows,
                 "row_shape": list(self.plan.row_shape), "executor": "lstm-stack" if self.plan.chain is None else "chain",
@@ -551,7 +552,20 @@ class Stream:
                 "head": self.head, "head_check": self.head_check,
                 "macs": None if a is None else {"critical": a.macs_critical, "prepare": a.macs_prepare,
                                                 "window": a.macs_full},
-                "macs_run": None if self.plan.chain is None else self.plan.chain.macs_run()}
+                "macs_run": self._stack_macs_run() if self.plan.chain is None else self.plan.chain.macs_run()}
+
+    def _stack_macs_run(self) -> dict:
+        """The LSTM-stack executor's MACs per tick (cpu_stream.cpp): on the tick each layer's input projection of
+        its last step and the native head; in prepare, per layer, the T - 1 recurrent sums (steps 1 .. T-2 and the
+        last step's, ahead) and, for layers after the first, the projections of steps 0 .. T-2."""
+        T, crit, prep = self.window_rows, 0, 0
+        for i, (W, U, *_rest) in enumerate(self.plan.layers):
+            n_in, n_out = int(W.shape[0]), int(W.shape[1])
+            crit += n_in * n_out
+            prep += (T - 1) * int(U.shape[0]) * n_out + (0 if i == 0 else (T - 1) * n_in * n_out)
+        if self.head == "native" and self.plan.head_weights is not None:
+            crit += int(self.plan.head_weights.size)
+        return {"critical": crit, "prepare": prep}
 
     def close(self) -> None:
         """Stop the helper thread and free the executor; later calls raise RunnerStateError."""
@@ -569,6 +583,14 @@ class Stream:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class NativeEntry(dict):
+    """:meth:`Stream.native_entry`'s dict of integers; it keeps its stream alive (``stream``) while it lives."""
+
+    def __init__(self, stream: "Stream", values: dict):
+        super().__init__(values)
+        self.stream = stream
 
 
 class _HeadSegment:

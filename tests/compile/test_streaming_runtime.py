@@ -104,6 +104,7 @@ def test_lstm_a_every_push_equals_predict_on_every_target(bundles, target):
         assert d["isa"] == target and f"native LSTM ({target})" in r.describe()["interpreter"]
         assert (d["head"], d["head_check"], d["window"], d["layers"]) == ("native", "equal on 64 probes", 50, [100, 100])
         assert d["macs"] == {"critical": 160_100, "prepare": 5_880_000, "window": 8_000_100}
+        assert d["macs_run"] == {"critical": 80_100, "prepare": 5_880_000}   # the last h @ U runs in prepare
         assert _replay(r, s, rows, T_A, check_window_every=500) == (n - T_A + 1, 0)
         c = s.counters
         assert (c["outputs"], c["prepared_ahead"], c["prepared_late"]) == (n - T_A + 1, n - T_A + 1 - 1, 1)
@@ -331,7 +332,20 @@ def test_time_pushes_times_each_native_push_and_keeps_the_stream_exact(bundles, 
             s.time_pushes(rows.astype(np.float64))
         with pytest.raises(ShapeError):
             s.time_pushes(rows[:, :50])
-        assert s.push(nxt) is not None
+        with pytest.raises(InputError, match="True or False"):
+            s.time_pushes(clean[:3], prepare="no")
+        assert s.time_pushes(np.zeros((0, F_A), np.float32)).shape == (0,)
+        more = _rows(3, F_A, seed=12)
+        assert (s.time_pushes(more[:, None, :]) > 0).all()      # (n, 1, features): push's (1, features) rows
+        y = s.push(nxt).copy()
+        assert np.array_equal(y, r.predict(np.concatenate([clean[-(T_A - 5):], nxt[None], more, nxt[None]])))
+        low = s._native                                # the executor's own method checks what it is given too
+        with pytest.raises(ShapeError, match="ns must be"):
+            low.time_pushes(np.zeros((5, F_A), np.float32), np.zeros(1, np.uint64))
+        with pytest.raises(ShapeError, match="rows must be"):
+            low.time_pushes(np.zeros((5, F_A), np.float64), np.zeros(5, np.uint64))
+    with pytest.raises(RunnerStateError):
+        s.time_pushes(rows[:, :50])                    # closed is said first, whatever the arguments
 
 
 @pytest.mark.parametrize("quant", ["native", "native-bf16"])
@@ -360,3 +374,16 @@ def test_native_entry_pushes_from_c_give_predicts_bits(bundles, quant):
         assert differ == 0
         row[:] = np.nan
         assert push(e["handle"]) == -1 and s.rows == 70
+    # the entry keeps its stream alive: a stream the caller dropped is not freed under it
+    import gc
+    r = runtime.open(bundles("lstm_a", quant))
+    e = r.stream().native_entry()
+    gc.collect()
+    push = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(e["push"])
+    row = np.ctypeslib.as_array((ctypes.c_float * e["row_floats"]).from_address(e["row"]))
+    for x in rows[:T_A]:
+        row[:] = x
+        rc = push(e["handle"])
+    assert rc == 0 and e.stream.rows == T_A
+    e.stream.close()
+    r.close()

@@ -120,8 +120,13 @@ def test_a_recurrent_sum_run_ahead_gives_the_steps_bits(H, target, bf16_u):
         one.steps(g[:split], 0, ahead=True)
         one.steps(g[split:], split, h)
         assert np.array_equal(h, whole[-1]), split
-    with pytest.raises(ShapeError, match="no step after"):
+    with pytest.raises(ShapeError, match="leave no step"):
         one.steps(g, 0, ahead=True)
+    # a whole-window run overwrites the state a steps call would continue: continuing is refused, not wrong
+    one.steps(g[:4], 0, ahead=True)
+    one.run(g)
+    with pytest.raises(ShapeError, match="not continuing"):
+        one.steps(g[4:], 4, h)
 
 
 def test_recurrent_precision_of_a_native_json_step():

@@ -208,7 +208,12 @@ class ChainProgram:
     def time_pushes(self, rows: np.ndarray, ns: np.ndarray, prepare: bool = True) -> int:
         """Push ``rows`` (``(n, row)`` float32, C-contiguous) in turn, each timed inside the library into ``ns``
         (``(n,)`` uint64: ns, 0 for a push without an output), ``prepare`` after each (untimed). Returns the
-        number of outputs, or -2 when a kernel failed (``edgehft_chain_time_pushes``)."""
+        number of outputs, or -2 when a kernel failed (``edgehft_chain_time_pushes``).
+
+        Raises:
+            RunnerStateError: closed; ShapeError: rows or ns of another shape, dtype or layout."""
+        from edgehft.kernels.cpu.stream import time_args
+        time_args(self._h, rows, ns, self.row_size)
         return int(self._lib.edgehft_chain_time_pushes(self._h, rows.ctypes.data, rows.shape[0], ns.ctypes.data,
                                                        int(bool(prepare))))
 

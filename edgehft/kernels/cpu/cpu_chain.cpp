@@ -85,7 +85,7 @@ struct Warm { WarmFn fn; void* h; };
 
 struct Program : Handoff {
     int64_t T = 0, cap = 0, P = 0, S = 0, row_n = 0;
-    const float* row = nullptr;
+    float* row = nullptr;                             // the caller's staging row (edgehft_chain_time_pushes writes it)
     char* in = nullptr;
     size_t in_rb = 0;
     void* lstm = nullptr;
@@ -157,7 +157,8 @@ void prepare_window(Program* s, uint64_t id) {
         prof_lap(s, s->calls[kPrepare].size(), t);
         s->prof_prepares += s->profiling;
     }
-    for (const Warm& w : s->warm) w.fn(w.h);      // the tick's weights back into the caches prepare evicted them from
+    if (!s->helper_on)                            // inline prepare: the tick's weights back into this core's caches
+        for (const Warm& w : s->warm) w.fn(w.h);   // (a helper on another core would warm its own, not the pusher's)
     if (!ok) s->kernel_errors.fetch_add(1, std::memory_order_relaxed);
     s->prep_ok = ok;
     s->computed = false;
@@ -202,7 +203,7 @@ bool load(Program* s, const Spec* sp) {
         sp->nbufs < 1 || sp->nhead < 0 || sp->nwarm < 0 || (sp->nwarm > 0 && !sp->warm))
         return false;
     s->T = sp->T; s->cap = sp->capacity; s->P = sp->P; s->S = sp->S; s->row_n = sp->row_floats;
-    s->row = reinterpret_cast<const float*>(sp->row);
+    s->row = reinterpret_cast<float*>(sp->row);
     s->in = reinterpret_cast<char*>(sp->in);
     s->in_rb = (size_t)sp->in_row_bytes;
     s->lstm = reinterpret_cast<void*>(sp->lstm);
@@ -330,10 +331,9 @@ int edgehft_chain_prepare(void* p) {
 // the number of outputs, or -2 when a kernel failed (the loop stops there).
 int64_t edgehft_chain_time_pushes(void* p, const float* rows, int64_t n, uint64_t* ns, int prepare_between) {
     Program* s = static_cast<Program*>(p);
-    float* staging = const_cast<float*>(s->row);      // the caller's staging row: writable memory it lent us
     const size_t row_n = (size_t)s->row_n;
     return time_pushes(
-        n, [&](int64_t i) { memcpy(staging, rows + (size_t)i * row_n, sizeof(float) * row_n); },
+        n, [&](int64_t i) { memcpy(s->row, rows + (size_t)i * row_n, sizeof(float) * row_n); },
         [&] { return edgehft_chain_push(p); }, [&] { edgehft_chain_prepare(p); }, ns, prepare_between != 0);
 }
 

@@ -505,6 +505,7 @@ void write_out(const Net* n, const float* seq, float* out) {
 int edgehft_lstm_run(void* p, const float* x, float* out) {
     Net* n = static_cast<Net*>(p);
     n->r_step = -1;
+    n->steps_done = 0;                                 // the state edgehft_lstm_steps would continue is overwritten
     const float* X = x;
     int ldx = n->in0;
     float* seq = nullptr;
@@ -525,6 +526,7 @@ int edgehft_lstm_run_projected(void* p, const float* g, float* out) {
     Net* n = static_cast<Net*>(p);
     if (n->nl != 1) return 1;
     n->r_step = -1;
+    n->steps_done = 0;
     const Layer& y = n->L[0];
     const int N = 4 * y.H;
     for (int t = 0; t < n->T; t++) memcpy(n->G + (size_t)t * y.Np, g + (size_t)t * N, sizeof(float) * N);

@@ -167,7 +167,8 @@ void prepare_window(Stream* s, uint64_t id) {
         if (n > 0) s->fn->recurrent(y.seq + (size_t)(n - 1) * y.Hp, y.H, y.Np, y.U, y.R);   // step T-1's h @ U
         prof_lap(s, (size_t)l, t_prof);                                  // profile slot l: layer l's prepare
     }
-    warm_lines(s->L[0].W, sizeof(float) * (size_t)s->L[0].in * s->L[0].Np);   // the tick's x @ W0, which prepare never reads
+    if (!s->helper_on)        // inline prepare: the tick's x @ W0 weights (prepare never reads them) into this core's caches
+        warm_lines(s->L[0].W, sizeof(float) * (size_t)s->L[0].in * s->L[0].Np);
     s->prof_prepares += s->profiling;
     record_prepare(s, now_ns() - t_start);
 }

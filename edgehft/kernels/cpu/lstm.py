@@ -214,11 +214,15 @@ class NativeLSTM(NativeKernel):
             raise ShapeError(f"g must be (n, {4 * H}) float32 rows, got {g.dtype} {g.shape}")
         if h_out is not None and (h_out.dtype != np.float32 or h_out.size != H or not h_out.flags.c_contiguous):
             raise ShapeError(f"h_out must be ({H},) float32, contiguous")
+        if ahead and int(s0) + g.shape[0] >= self.timesteps:
+            raise ShapeError(f"ahead: steps {s0} .. {int(s0) + g.shape[0] - 1} leave no step of 0 .. "
+                             f"{self.timesteps - 1} to sum ahead", hint="ahead=True on a call that ends before "
+                             "the last step")
         rc = self._lib.edgehft_lstm_steps(self._h, g.ctypes.data, g.strides[0] // 4, int(s0), g.shape[0],
                                           None if h_out is None else h_out.ctypes.data)
         if rc:
             raise ShapeError(f"steps {s0} .. {s0 + g.shape[0] - 1}: outside 0 .. {self.timesteps - 1} or not "
                              "continuing the previous call", hint="start a window at s0=0, then continue in order")
         if ahead and self._lib.edgehft_lstm_recur_ahead(self._h):
-            raise ShapeError(f"no step after step {s0 + g.shape[0] - 1} of {self.timesteps} to sum ahead")
+            raise ShapeError(f"ahead: no step after step {int(s0) + g.shape[0] - 1} to sum ahead")
 

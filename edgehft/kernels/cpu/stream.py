@@ -65,6 +65,34 @@ def load_library(cache_dir=None) -> ctypes.CDLL:
     return lib
 
 
+def time_args(handle, rows: np.ndarray, ns: np.ndarray, row_size: int) -> None:
+    """Check ``time_pushes``' arguments before the native loop reads or writes them: an open executor, ``rows``
+    ``(n, row_size)`` float32 C-contiguous, ``ns`` ``(n,)`` uint64 C-contiguous.
+
+    Raises:
+        RunnerStateError: the executor was closed; ShapeError: any other argument."""
+    from edgehft.errors import RunnerStateError
+    if not handle:
+        raise RunnerStateError("the executor is closed", hint="open another stream")
+    if not (isinstance(rows, np.ndarray) and rows.dtype == np.float32 and rows.ndim == 2
+            and rows.shape[1] == row_size and rows.flags.c_contiguous):
+        raise ShapeError(f"rows must be (n, {row_size}) float32, C-contiguous; got "
+                         f"{getattr(rows, 'dtype', type(rows).__name__)} {getattr(rows, 'shape', '')}")
+    if not (isinstance(ns, np.ndarray) and ns.dtype == np.uint64 and ns.shape == (rows.shape[0],)
+            and ns.flags.c_contiguous):
+        raise ShapeError(f"ns must be ({rows.shape[0]},) uint64, C-contiguous; got "
+                         f"{getattr(ns, 'dtype', type(ns).__name__)} {getattr(ns, 'shape', '')}")
+
+
+def entry(handle, push, prepare, row: np.ndarray, out: np.ndarray) -> dict:
+    """An executor's native entry points as integers (:meth:`edgehft.streaming.stream.Stream.native_entry`): the
+    handle, ``int push(void*)`` and ``int prepare(void*)`` (ctypes functions of the library), the staging row and
+    the output buffer."""
+    vp = ctypes.c_void_p
+    return {"handle": handle.value, "push": ctypes.cast(push, vp).value, "prepare": ctypes.cast(prepare, vp).value,
+            "row": row.ctypes.data, "row_floats": row.size, "out": out.ctypes.data, "out_floats": out.size}
+
+
 def profile_switch(fn, handle, on: bool) -> None:
     """Turn an executor's op-by-op timing on (zeroed) or off: ``fn`` is ``edgehft_stream_profile`` or
     ``edgehft_chain_profile``. Raises ``InputError`` while its helper thread runs (the timing needs the prepare on
@@ -216,16 +244,17 @@ class NativeStream:
 
     def native_entry(self) -> dict:
         """The C entry points a native caller pushes with (see :meth:`edgehft.streaming.stream.Stream.native_entry`)."""
-        vp = ctypes.c_void_p
-        return {"handle": self._h.value, "push": ctypes.cast(self._lib.edgehft_stream_push_staged, vp).value,
-                "prepare": ctypes.cast(self._lib.edgehft_stream_prepare, vp).value,
-                "row": self.row.ctypes.data, "row_floats": self.row.size, "out": self.out.ctypes.data,
-                "out_floats": self.out.size}
+        return entry(self._h, self._lib.edgehft_stream_push_staged, self._lib.edgehft_stream_prepare, self.row,
+                     self.out)
 
     def time_pushes(self, rows: np.ndarray, ns: np.ndarray, prepare: bool = True) -> int:
         """Push ``rows`` (``(n, in)`` float32, C-contiguous) in turn, each timed inside the library into ``ns``
         (``(n,)`` uint64: ns, 0 for a push without an output), outputs to :attr:`out`, ``prepare`` after each
-        (untimed). Returns the number of outputs (``edgehft_stream_time_pushes``)."""
+        (untimed). Returns the number of outputs (``edgehft_stream_time_pushes``).
+
+        Raises:
+            RunnerStateError: closed; ShapeError: rows or ns of another shape, dtype or layout (:func:`time_args`)."""
+        time_args(self._h, rows, ns, self.input_size)
         return int(self._lib.edgehft_stream_time_pushes(self._h, rows.ctypes.data, rows.shape[0], self.out.ctypes.data,
                                                         ns.ctypes.data, int(bool(prepare))))
 
